@@ -1,0 +1,53 @@
+/* Picks the best kernel family within a capability mask. Compiled at the baseline ISA. */
+#include "maxsim_internal.h"
+
+typedef struct nk_family {
+    uint64_t cap;
+    nk_maxsim_kernel_t kernel;
+} nk_family_t;
+
+/* Best first. */
+static nk_family_t const nk_families[] = {
+#ifdef NK_HAVE_ICELAKE
+    {nk_cap_icelake_k, nk_maxsim_icelake},
+#endif
+#ifdef NK_HAVE_SKYLAKE
+    {nk_cap_skylake_k, nk_maxsim_skylake},
+#endif
+#ifdef NK_HAVE_HASWELL
+    {nk_cap_haswell_k, nk_maxsim_haswell},
+#endif
+#ifdef NK_HAVE_SVE
+    {nk_cap_sve_k, nk_maxsim_sve},
+#endif
+#ifdef NK_HAVE_NEON
+    {nk_cap_neon_k, nk_maxsim_neon},
+#endif
+    {nk_cap_serial_k, nk_maxsim_serial},
+};
+
+static nk_family_t const *nk_pick(uint64_t mask) {
+    mask &= nk_capabilities_available();
+    size_t count = sizeof(nk_families) / sizeof(nk_families[0]);
+    for (size_t i = 0; i + 1 < count; ++i)
+        if (mask & nk_families[i].cap) return &nk_families[i];
+    return &nk_families[count - 1];
+}
+
+uint64_t nk_capabilities_best(uint64_t mask) { return nk_pick(mask)->cap; }
+
+nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t capabilities, double *result) {
+    if (!queries || !documents || !result) return nk_error_argument_k;
+    nk_maxsim_view_t q, d;
+    nk_maxsim_view_init(queries, &q);
+    nk_maxsim_view_init(documents, &d);
+    if (q.dtype != d.dtype) return nk_error_dtype_mismatch_k;
+    if (q.depth != d.depth) return nk_error_depth_mismatch_k;
+    if (q.vectors == 0) {
+        *result = 0.0;
+        return nk_ok_k;
+    }
+    if (d.vectors == 0) return nk_error_empty_k;
+    *result = nk_pick(capabilities)->kernel(&q, &d);
+    return nk_ok_k;
+}

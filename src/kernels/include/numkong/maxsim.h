@@ -1,0 +1,112 @@
+/* numkong MaxSim: public C API.
+ *
+ * maxsim(Q, D) = sum over query rows q of min over document rows d of max(0, 1 - cos(q, d)),
+ * with cos computed on the values as stored in the packing dtype and accumulated in float64.
+ * A zero-norm row has cos = 0 with every row.
+ *
+ * Packed matrices are portable byte buffers (same endianness): a 128-byte header followed by
+ * 64-byte aligned sections. Build them with nk_maxsim_pack(); check foreign bytes with
+ * nk_maxsim_load() before scoring them.
+ *
+ * Memory: no function here allocates; callers own every buffer. All functions are thread-safe
+ * and reentrant; scoring only reads its inputs.
+ */
+#ifndef NUMKONG_MAXSIM_H
+#define NUMKONG_MAXSIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Packing dtypes. The numeric codes are stored in packed buffers: never renumber. */
+typedef enum nk_dtype {
+    nk_dtype_float64_k = 1,
+    nk_dtype_float32_k = 2,
+    nk_dtype_float16_k = 3,
+    nk_dtype_bfloat16_k = 4,
+    nk_dtype_e4m3_k = 5, /* OCP FP8 E4M3 (finite-only, max 448) */
+    nk_dtype_e5m2_k = 6, /* OCP FP8 E5M2 */
+    nk_dtype_e2m3_k = 7, /* OCP MX FP6 E2M3 in the low 6 bits of a byte */
+    nk_dtype_e3m2_k = 8, /* OCP MX FP6 E3M2 in the low 6 bits of a byte */
+} nk_dtype_t;
+
+/* Kernel families, one bit each. Stored in packed buffers: never renumber. */
+enum {
+    nk_cap_serial_k = 1u << 0,
+    nk_cap_haswell_k = 1u << 1,     /* AVX2 + FMA + F16C */
+    nk_cap_skylake_k = 1u << 2,     /* AVX-512 F/CD/BW/DQ/VL */
+    nk_cap_icelake_k = 1u << 3,     /* + VNNI, VBMI2, BITALG, VPOPCNTDQ */
+    nk_cap_sapphire_k = 1u << 4,    /* + AVX-512 FP16, BF16 (reserved) */
+    nk_cap_sapphireamx_k = 1u << 5, /* + AMX (reserved) */
+    nk_cap_neon_k = 1u << 6,        /* Arm Advanced SIMD + dotprod + fp16 */
+    nk_cap_sve_k = 1u << 7,         /* Arm SVE */
+    nk_cap_sve2_k = 1u << 8,        /* Arm SVE2 (reserved) */
+};
+
+typedef enum nk_status {
+    nk_ok_k = 0,
+    nk_error_argument_k = 1,       /* unknown dtype, null pointer, bad stride */
+    nk_error_overflow_k = 2,       /* byte size does not fit in 64 bits / the header fields */
+    nk_error_nonfinite_k = 3,      /* NaN or infinity in a row; *bad_row says which */
+    nk_error_corrupt_k = 4,        /* bytes are not a valid packed matrix */
+    nk_error_buffer_small_k = 5,   /* output buffer smaller than nk_maxsim_pack_size() */
+    nk_error_depth_mismatch_k = 6, /* queries and documents have different depths */
+    nk_error_dtype_mismatch_k = 7, /* queries and documents were packed in different dtypes */
+    nk_error_empty_k = 8,          /* documents have no rows while queries have some */
+} nk_status_t;
+
+/* What a packed buffer's header says, after validation. */
+typedef struct nk_maxsim_info {
+    uint64_t vectors;
+    uint64_t depth;
+    uint64_t nbytes;
+    uint64_t capabilities; /* the mask that packed it */
+    uint32_t dtype;        /* an nk_dtype_t */
+} nk_maxsim_info_t;
+
+/* Bytes per stored element of a dtype, or 0 for an unknown code. */
+size_t nk_dtype_itemsize(int dtype);
+
+/* Exact byte size of a packed matrix. nk_error_overflow_k when it does not fit 64 bits. */
+nk_status_t nk_maxsim_pack_size(uint64_t vectors, uint64_t depth, int dtype, uint64_t *nbytes);
+
+/* Pack `vectors` rows of `depth` elements into `out` (64-byte aligned, out_nbytes >= pack size).
+ * `src` holds rows of `source_dtype`, which is either `dtype` itself (stored bit-exact, unless
+ * the row is outside the kernels' safe range) or nk_dtype_float64_k (cast with round-to-nearest-
+ * even after scaling each row by a power of two). Rows are `row_stride` bytes apart (any sign).
+ * On nk_error_nonfinite_k, *bad_row is the first row holding NaN or infinity. */
+nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride, uint64_t vectors, uint64_t depth,
+                           int dtype, uint64_t capabilities, void *out, uint64_t out_nbytes, uint64_t *bad_row);
+
+/* Validate `nbytes` of untrusted bytes in place (64-byte aligned, writable) and rebuild every
+ * derived section from the stored values, so a loaded buffer is as trustworthy as a fresh one.
+ * Fills *info. nk_error_corrupt_k for anything inconsistent. */
+nk_status_t nk_maxsim_load(void *buf, uint64_t nbytes, nk_maxsim_info_t *info);
+
+/* Read the header of a buffer produced by nk_maxsim_pack() or nk_maxsim_load(). */
+nk_status_t nk_maxsim_info(void const *buf, nk_maxsim_info_t *info);
+
+/* Score packed queries against packed documents into *result, using the best kernel family
+ * within `capabilities` & nk_capabilities_available() (serial is always allowed).
+ * Both buffers must come from nk_maxsim_pack() or nk_maxsim_load(). Does not allocate,
+ * does not touch the GIL, safe to call from many threads on the same buffers. */
+nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t capabilities, double *result);
+
+/* Families compiled into this build. */
+uint64_t nk_capabilities_compiled(void);
+/* Families this CPU and OS support (probed once, cached), including serial. */
+uint64_t nk_capabilities_cpu(void);
+/* compiled & cpu & ~disabled: what scoring may use. */
+uint64_t nk_capabilities_available(void);
+/* Remove families (e.g. from NUMKONG_DISABLE). serial cannot be removed. Call before scoring. */
+void nk_capabilities_disable(uint64_t mask);
+/* The single best family bit within a mask (serial when nothing else). */
+uint64_t nk_capabilities_best(uint64_t mask);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NUMKONG_MAXSIM_H */

@@ -1,0 +1,153 @@
+/* Internal layout and kernel contract shared by the packer, the dispatcher and every kernel family.
+ * Not installed. No Python headers.
+ *
+ * Packed buffer (all fields little/native-endian, sections 64-byte aligned):
+ *   header            nk_maxsim_header_t, 128 bytes
+ *   values            vectors x depth elements of the packing dtype, row-major, no padding
+ *   inv_norms         float64[vectors]: 1/||row||, 0 for a zero row
+ *   screen            biased int8 copy of the unit-normalized rows, see below
+ *   screen_scales     float32[vectors]: dequantization step; u'[k] = (screen byte - 128) * scale
+ *   screen_errors     float32[vectors]: upper bound on ||u - u'||_2 (u = row * inv_norm)
+ *   screen_sums       int32[vectors]: sum over k of (screen byte - 128)
+ *
+ * Screen layout: rows grouped in tiles of 16 (the last tile holds n = vectors - 16 t rows),
+ * depth padded to screen_depth = round_up(depth, 4) with value 0 (byte 0x80).
+ * Tile t starts at byte 16 t screen_depth; inside a tile of n rows, the 4 bytes of depth
+ * k .. k+3 (k % 4 == 0) of lane r live at (k / 4) * 4 n + 4 r. So one 64-byte load holds the
+ * same 4 depths of 16 rows (a VNNI operand), and the 4 bytes of one row are one 32-bit broadcast.
+ * Stored bytes are v + 128 for v in [-127, 127].
+ *
+ * Screening bound: with unit rows u, v and their dequantized copies u', v',
+ *   |u.v - u'.v'| <= |u - u'| + |u'| |v - v'| <= e_u + (1 + e_u) e_v.
+ * A kernel adds nk_screen_slack_k for the float32 rounding of its estimate. Any document row whose
+ * upper bound is below the best lower bound (or the best exact cosine) cannot win.
+ */
+#ifndef NUMKONG_MAXSIM_INTERNAL_H
+#define NUMKONG_MAXSIM_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "numkong/maxsim.h"
+
+#define NK_MAXSIM_MAGIC "NKMAXSIM"
+#define NK_MAXSIM_VERSION 1u
+#define NK_HEADER_BYTES 128u
+#define NK_SECTION_ALIGN 64u
+#define NK_SCREEN_TILE 16u
+/* Largest depth whose biased u8 x s8 dot fits int32: 255 * 127 * depth < 2^31. */
+#define NK_SCREEN_MAX_DEPTH 65536u
+/* Absolute slack for float32 rounding in a screening estimate of a cosine (|estimate| <= ~1). */
+#define nk_screen_slack_k 1e-5f
+
+typedef struct nk_maxsim_header {
+    char magic[8];
+    uint32_t version;
+    uint32_t dtype;
+    uint64_t vectors;
+    uint64_t depth;
+    uint64_t capabilities;
+    uint64_t nbytes;
+    uint64_t values_offset;
+    uint64_t inv_norms_offset;
+    uint64_t screen_offset;
+    uint64_t screen_scales_offset;
+    uint64_t screen_errors_offset;
+    uint64_t screen_sums_offset;
+    uint64_t screen_depth;
+    uint8_t reserved[NK_HEADER_BYTES - 8 - 4 - 4 - 11 * 8];
+} nk_maxsim_header_t;
+
+/* What a kernel reads from one packed operand. */
+typedef struct nk_maxsim_view {
+    uint32_t dtype;
+    uint64_t vectors;
+    uint64_t depth;
+    uint64_t screen_depth;
+    void const *values;
+    double const *inv_norms;
+    uint8_t const *screen;
+    float const *screen_scales;
+    float const *screen_errors;
+    int32_t const *screen_sums;
+} nk_maxsim_view_t;
+
+/* Kernel contract: q and d share dtype and depth, q->vectors >= 0, d->vectors >= 1.
+ * Returns sum over query rows of max(0, 1 - max over document rows of cos), where every cosine
+ * that decides the maximum is computed as (float64 sum of decoded products) * inv_q * inv_d.
+ * A zero query row (inv_norm 0) contributes exactly 1. No allocation, no global state. */
+typedef double (*nk_maxsim_kernel_t)(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
+
+double nk_maxsim_serial(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
+double nk_maxsim_haswell(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
+double nk_maxsim_skylake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
+double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
+double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
+double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
+
+/* Fill a view from a buffer already validated by the packer or loader. */
+void nk_maxsim_view_init(void const *buf, nk_maxsim_view_t *view);
+
+/* Byte offset of the 4-byte group (row, depth k..k+3) in the screen section. */
+static inline uint64_t nk_screen_offset(uint64_t vectors, uint64_t screen_depth, uint64_t row, uint64_t k) {
+    uint64_t tile = row / NK_SCREEN_TILE, lane = row % NK_SCREEN_TILE;
+    uint64_t rows_in_tile = vectors - tile * NK_SCREEN_TILE;
+    if (rows_in_tile > NK_SCREEN_TILE) rows_in_tile = NK_SCREEN_TILE;
+    return tile * NK_SCREEN_TILE * screen_depth + (k / 4) * 4 * rows_in_tile + 4 * lane + (k % 4);
+}
+
+/* Scalar decoding. Every narrow format maps exactly onto IEEE half bits times a power of two:
+ *   e5m2:  half(b << 8)
+ *   e4m3:  half(((b & 0x80) << 8) | ((b & 0x7F) << 7)) * 2^8
+ *   e2m3:  half(((b & 0x20) << 10) | ((b & 0x1F) << 7)) * 2^14
+ *   e3m2:  half(((b & 0x20) << 10) | ((b & 0x1F) << 8)) * 2^12
+ * so SIMD families can decode them with F16C / vcvtph2ps and one multiply. */
+static inline float nk_f32_from_bits(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float nk_half_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+    if (exponent == 0) {
+        /* subnormal or zero: mantissa * 2^-24, exact in float32 */
+        float magnitude = (float)mantissa * 5.9604644775390625e-08f;
+        return sign ? -magnitude : magnitude;
+    }
+    if (exponent == 31) return nk_f32_from_bits(sign | 0x7F800000u | (mantissa << 13));
+    return nk_f32_from_bits(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+static inline uint16_t nk_e4m3_to_half_bits(uint8_t b) { return (uint16_t)(((b & 0x80u) << 8) | ((b & 0x7Fu) << 7)); }
+static inline uint16_t nk_e5m2_to_half_bits(uint8_t b) { return (uint16_t)(b << 8); }
+static inline uint16_t nk_e2m3_to_half_bits(uint8_t b) { return (uint16_t)(((b & 0x20u) << 10) | ((b & 0x1Fu) << 7)); }
+static inline uint16_t nk_e3m2_to_half_bits(uint8_t b) { return (uint16_t)(((b & 0x20u) << 10) | ((b & 0x1Fu) << 8)); }
+#define nk_e4m3_half_scale_k 256.0f
+#define nk_e5m2_half_scale_k 1.0f
+#define nk_e2m3_half_scale_k 16384.0f
+#define nk_e3m2_half_scale_k 4096.0f
+
+/* Element k of a row of `dtype`, decoded exactly to double. */
+static inline double nk_decode(int dtype, void const *row, uint64_t k) {
+    switch (dtype) {
+    case nk_dtype_float64_k: return ((double const *)row)[k];
+    case nk_dtype_float32_k: return ((float const *)row)[k];
+    case nk_dtype_float16_k: return nk_half_to_f32(((uint16_t const *)row)[k]);
+    case nk_dtype_bfloat16_k: return nk_f32_from_bits((uint32_t)((uint16_t const *)row)[k] << 16);
+    case nk_dtype_e4m3_k: return nk_half_to_f32(nk_e4m3_to_half_bits(((uint8_t const *)row)[k])) * nk_e4m3_half_scale_k;
+    case nk_dtype_e5m2_k: return nk_half_to_f32(nk_e5m2_to_half_bits(((uint8_t const *)row)[k])) * nk_e5m2_half_scale_k;
+    case nk_dtype_e2m3_k: return nk_half_to_f32(nk_e2m3_to_half_bits(((uint8_t const *)row)[k])) * nk_e2m3_half_scale_k;
+    case nk_dtype_e3m2_k: return nk_half_to_f32(nk_e3m2_to_half_bits(((uint8_t const *)row)[k])) * nk_e3m2_half_scale_k;
+    default: return 0.0;
+    }
+}
+
+/* Distance contributed by one query row whose best cosine is `best_cos`. */
+static inline double nk_distance_from_cos(double best_cos) {
+    double distance = 1.0 - best_cos;
+    return distance > 0.0 ? distance : 0.0;
+}
+
+#endif /* NUMKONG_MAXSIM_INTERNAL_H */

@@ -1,0 +1,287 @@
+/* Packing, layout, validation and the derived sections (norms, screening copy). Baseline ISA. */
+#include <math.h>
+
+#include "maxsim_internal.h"
+
+size_t nk_dtype_itemsize(int dtype) {
+    switch (dtype) {
+    case nk_dtype_float64_k: return 8;
+    case nk_dtype_float32_k: return 4;
+    case nk_dtype_float16_k:
+    case nk_dtype_bfloat16_k: return 2;
+    case nk_dtype_e4m3_k:
+    case nk_dtype_e5m2_k:
+    case nk_dtype_e2m3_k:
+    case nk_dtype_e3m2_k: return 1;
+    default: return 0;
+    }
+}
+
+/* Overflow-checked 64-bit arithmetic: each returns 0 on overflow. */
+static int nk_mul(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static int nk_add(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
+static int nk_align(uint64_t a, uint64_t *out) {
+    if (!nk_add(a, NK_SECTION_ALIGN - 1, out)) return 0;
+    *out &= ~(uint64_t)(NK_SECTION_ALIGN - 1);
+    return 1;
+}
+
+/* Append a section of count * item bytes at *cursor (aligned), return its offset. */
+static int nk_section(uint64_t *cursor, uint64_t count, uint64_t item, uint64_t *offset) {
+    uint64_t bytes;
+    if (!nk_align(*cursor, offset) || !nk_mul(count, item, &bytes) || !nk_add(*offset, bytes, cursor)) return 0;
+    return 1;
+}
+
+/* The whole layout as a function of (vectors, depth, dtype): the single source of every offset. */
+static nk_status_t nk_layout(uint64_t vectors, uint64_t depth, int dtype, nk_maxsim_header_t *h) {
+    size_t itemsize = nk_dtype_itemsize(dtype);
+    if (!itemsize) return nk_error_argument_k;
+    memset(h, 0, sizeof(*h));
+    memcpy(h->magic, NK_MAXSIM_MAGIC, 8);
+    h->version = NK_MAXSIM_VERSION;
+    h->dtype = (uint32_t)dtype;
+    h->vectors = vectors;
+    h->depth = depth;
+    uint64_t cursor = NK_HEADER_BYTES, row_bytes;
+    if (!nk_add(depth, 3, &h->screen_depth)) return nk_error_overflow_k;
+    h->screen_depth &= ~(uint64_t)3;
+    if (!nk_mul(depth, itemsize, &row_bytes) || !nk_section(&cursor, vectors, row_bytes, &h->values_offset) ||
+        !nk_section(&cursor, vectors, sizeof(double), &h->inv_norms_offset) ||
+        !nk_section(&cursor, vectors, h->screen_depth, &h->screen_offset) ||
+        !nk_section(&cursor, vectors, sizeof(float), &h->screen_scales_offset) ||
+        !nk_section(&cursor, vectors, sizeof(float), &h->screen_errors_offset) ||
+        !nk_section(&cursor, vectors, sizeof(int32_t), &h->screen_sums_offset) || !nk_align(cursor, &h->nbytes))
+        return nk_error_overflow_k;
+    /* Keep every size addressable and every count a valid signed index for the kernels. */
+    if (h->nbytes > (uint64_t)INT64_MAX || h->nbytes > (uint64_t)SIZE_MAX) return nk_error_overflow_k;
+    return nk_ok_k;
+}
+
+nk_status_t nk_maxsim_pack_size(uint64_t vectors, uint64_t depth, int dtype, uint64_t *nbytes) {
+    nk_maxsim_header_t h;
+    nk_status_t status = nk_layout(vectors, depth, dtype, &h);
+    if (status == nk_ok_k) *nbytes = h.nbytes;
+    return status;
+}
+
+void nk_maxsim_view_init(void const *buf, nk_maxsim_view_t *view) {
+    nk_maxsim_header_t const *h = (nk_maxsim_header_t const *)buf;
+    char const *base = (char const *)buf;
+    view->dtype = h->dtype;
+    view->vectors = h->vectors;
+    view->depth = h->depth;
+    view->screen_depth = h->screen_depth;
+    view->values = base + h->values_offset;
+    view->inv_norms = (double const *)(base + h->inv_norms_offset);
+    view->screen = (uint8_t const *)(base + h->screen_offset);
+    view->screen_scales = (float const *)(base + h->screen_scales_offset);
+    view->screen_errors = (float const *)(base + h->screen_errors_offset);
+    view->screen_sums = (int32_t const *)(base + h->screen_sums_offset);
+}
+
+nk_status_t nk_maxsim_info(void const *buf, nk_maxsim_info_t *info) {
+    nk_maxsim_header_t const *h = (nk_maxsim_header_t const *)buf;
+    if (!buf || memcmp(h->magic, NK_MAXSIM_MAGIC, 8) != 0) return nk_error_corrupt_k;
+    info->vectors = h->vectors;
+    info->depth = h->depth;
+    info->nbytes = h->nbytes;
+    info->capabilities = h->capabilities;
+    info->dtype = h->dtype;
+    return nk_ok_k;
+}
+
+/* ---- Rounding float64 to the packing formats (round-to-nearest-even). ---- */
+
+typedef struct nk_format {
+    int exponent_bits, mantissa_bits, bias;
+    double max_finite;
+} nk_format_t;
+
+static nk_format_t nk_format_of(int dtype) {
+    switch (dtype) {
+    case nk_dtype_float16_k: return (nk_format_t){5, 10, 15, 65504.0};
+    case nk_dtype_bfloat16_k: return (nk_format_t){8, 7, 127, 3.3895313892515355e38};
+    case nk_dtype_e4m3_k: return (nk_format_t){4, 3, 7, 448.0};
+    case nk_dtype_e5m2_k: return (nk_format_t){5, 2, 15, 57344.0};
+    case nk_dtype_e2m3_k: return (nk_format_t){2, 3, 1, 7.5};
+    case nk_dtype_e3m2_k: return (nk_format_t){3, 2, 3, 28.0};
+    default: return (nk_format_t){0, 0, 0, 0.0};
+    }
+}
+
+/* Encode a finite value with |value| <= max_finite; returns sign-magnitude bits, sign at bit 1+e+m. */
+static uint32_t nk_encode_minifloat(double value, nk_format_t f) {
+    uint32_t sign = signbit(value) ? 1u << (f.exponent_bits + f.mantissa_bits) : 0u;
+    double magnitude = fabs(value);
+    if (magnitude == 0.0) return sign;
+    int exponent;
+    frexp(magnitude, &exponent); /* magnitude in [2^(exponent-1), 2^exponent) */
+    int unbiased = exponent - 1, min_normal = 1 - f.bias;
+    if (unbiased < min_normal) unbiased = min_normal; /* subnormal: fixed quantum */
+    double quantum = ldexp(1.0, unbiased - f.mantissa_bits);
+    double steps = nearbyint(magnitude / quantum); /* exact division by a power of two; RNE */
+    double implicit = ldexp(1.0, f.mantissa_bits);
+    if (steps >= 2.0 * implicit) { /* rounded up into the next binade */
+        steps *= 0.5;
+        unbiased += 1;
+    }
+    uint32_t biased = steps >= implicit ? (uint32_t)(unbiased + f.bias) : 0u;
+    uint32_t mantissa = (uint32_t)(steps >= implicit ? steps - implicit : steps);
+    return sign | (biased << f.mantissa_bits) | mantissa;
+}
+
+/* Store one value into element k of a row of `dtype`. */
+static void nk_store(int dtype, void *row, uint64_t k, double value) {
+    switch (dtype) {
+    case nk_dtype_float64_k: ((double *)row)[k] = value; break;
+    case nk_dtype_float32_k: ((float *)row)[k] = (float)value; break; /* C conversion rounds to nearest even */
+    case nk_dtype_float16_k:
+    case nk_dtype_bfloat16_k: ((uint16_t *)row)[k] = (uint16_t)nk_encode_minifloat(value, nk_format_of(dtype)); break;
+    default: ((uint8_t *)row)[k] = (uint8_t)nk_encode_minifloat(value, nk_format_of(dtype)); break;
+    }
+}
+
+/* Largest magnitudes whose products and norms stay safe in float64 accumulation. */
+#define NK_F64_SAFE_LOG2 400
+#define NK_F32_SAFE_LOG2 100
+
+/* Power-of-two exponent to scale a row with largest magnitude `absmax` by (0: leave as is).
+ * Wide formats are only rescaled when outside their safe range (to [1, 2)); narrow formats
+ * being cast are always brought to the top of their range so nothing overflows or flushes. */
+static int nk_row_scale_exponent(int dtype, int casting, double absmax) {
+    if (absmax == 0.0) return 0;
+    int exponent;
+    frexp(absmax, &exponent); /* absmax in [2^(exponent-1), 2^exponent) */
+    int log2_floor = exponent - 1;
+    switch (dtype) {
+    case nk_dtype_float64_k:
+        return (log2_floor < -NK_F64_SAFE_LOG2 || log2_floor >= NK_F64_SAFE_LOG2) ? -log2_floor : 0;
+    case nk_dtype_float32_k:
+    case nk_dtype_bfloat16_k:
+        if (!casting) return 0;
+        return (log2_floor < -NK_F32_SAFE_LOG2 || log2_floor >= NK_F32_SAFE_LOG2) ? -log2_floor : 0;
+    default: {
+        if (!casting) return 0;
+        nk_format_t f = nk_format_of(dtype);
+        int top;
+        frexp(f.max_finite, &top);
+        int shift = (top - 1) - log2_floor;
+        if (ldexp(absmax, shift) > f.max_finite) shift -= 1;
+        return shift;
+    }
+    }
+}
+
+/* Rebuild inv_norms and the screening sections of one row from its stored values. */
+static void nk_derive_row(nk_maxsim_header_t const *h, char *base, uint64_t row) {
+    size_t itemsize = nk_dtype_itemsize((int)h->dtype);
+    void const *values = base + h->values_offset + row * h->depth * itemsize;
+    double sum_squares = 0.0, absmax = 0.0;
+    for (uint64_t k = 0; k < h->depth; ++k) {
+        double x = nk_decode((int)h->dtype, values, k);
+        sum_squares += x * x;
+        if (fabs(x) > absmax) absmax = fabs(x);
+    }
+    double inv_norm = sum_squares > 0.0 ? 1.0 / sqrt(sum_squares) : 0.0;
+    ((double *)(base + h->inv_norms_offset))[row] = inv_norm;
+
+    /* int8 copy of the unit row: q = round(u * 127 / max|u|), step = max|u| / 127 as float32. */
+    double unit_absmax = absmax * inv_norm;
+    float step = (float)(unit_absmax / 127.0);
+    double multiplier = step > 0.0f ? 1.0 / (double)step : 0.0;
+    double error_squares = 0.0;
+    int64_t sum = 0;
+    uint8_t *screen = (uint8_t *)(base + h->screen_offset);
+    for (uint64_t k = 0; k < h->screen_depth; ++k) {
+        double u = k < h->depth ? nk_decode((int)h->dtype, values, k) * inv_norm : 0.0;
+        double q = nearbyint(u * multiplier);
+        if (q > 127.0) q = 127.0;
+        if (q < -127.0) q = -127.0;
+        double residual = u - q * (double)step;
+        error_squares += residual * residual;
+        sum += (int64_t)q;
+        screen[nk_screen_offset(h->vectors, h->screen_depth, row, k)] = (uint8_t)((int)q + 128);
+    }
+    /* Round the error bound up: the relative margin dwarfs float64 and float32 rounding. */
+    ((float *)(base + h->screen_scales_offset))[row] = step;
+    ((float *)(base + h->screen_errors_offset))[row] = (float)(sqrt(error_squares) * (1.0 + 1e-6) + 1e-30);
+    ((int32_t *)(base + h->screen_sums_offset))[row] = (int32_t)sum;
+}
+
+static void nk_derive_all(nk_maxsim_header_t const *h, char *base) {
+    for (uint64_t row = 0; row < h->vectors; ++row) nk_derive_row(h, base, row);
+}
+
+nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride, uint64_t vectors, uint64_t depth,
+                           int dtype, uint64_t capabilities, void *out, uint64_t out_nbytes, uint64_t *bad_row) {
+    nk_maxsim_header_t h;
+    nk_status_t status = nk_layout(vectors, depth, dtype, &h);
+    if (status != nk_ok_k) return status;
+    if (source_dtype != dtype && source_dtype != nk_dtype_float64_k) return nk_error_argument_k;
+    if (!out || (((uintptr_t)out) % NK_SECTION_ALIGN) != 0 || (!src && vectors && depth)) return nk_error_argument_k;
+    if (out_nbytes < h.nbytes) return nk_error_buffer_small_k;
+    h.capabilities = capabilities;
+
+    char *base = (char *)out;
+    memset(base, 0, h.nbytes); /* padding bytes are deterministic */
+    memcpy(base, &h, sizeof(h));
+    size_t itemsize = nk_dtype_itemsize(dtype);
+    int casting = source_dtype != dtype;
+    for (uint64_t row = 0; row < vectors; ++row) {
+        void const *source_row = (char const *)src + (int64_t)row * row_stride;
+        void *target_row = base + h.values_offset + row * depth * itemsize;
+        double absmax = 0.0;
+        for (uint64_t k = 0; k < depth; ++k) {
+            double x = nk_decode(source_dtype, source_row, k);
+            if (!isfinite(x)) {
+                if (bad_row) *bad_row = row;
+                return nk_error_nonfinite_k;
+            }
+            if (fabs(x) > absmax) absmax = fabs(x);
+        }
+        int shift = nk_row_scale_exponent(dtype, casting, absmax);
+        if (!casting && shift == 0) memcpy(target_row, source_row, depth * itemsize);
+        else
+            for (uint64_t k = 0; k < depth; ++k) nk_store(dtype, target_row, k, ldexp(nk_decode(source_dtype, source_row, k), shift));
+    }
+    nk_derive_all(&h, base);
+    return nk_ok_k;
+}
+
+/* Stored element bits that no packing produces: NaN/inf encodings, unused fp6 bits. */
+static int nk_row_is_valid(int dtype, void const *row, uint64_t depth) {
+    double absmax = 0.0;
+    for (uint64_t k = 0; k < depth; ++k) {
+        if (dtype == nk_dtype_e2m3_k || dtype == nk_dtype_e3m2_k) {
+            if (((uint8_t const *)row)[k] & 0xC0u) return 0;
+        }
+        else if (dtype == nk_dtype_e4m3_k) {
+            if ((((uint8_t const *)row)[k] & 0x7Fu) == 0x7Fu) return 0;
+        }
+        double x = nk_decode(dtype, row, k);
+        if (!isfinite(x)) return 0;
+        if (fabs(x) > absmax) absmax = fabs(x);
+    }
+    /* float64 rows were brought into the safe range by the packer. */
+    return nk_row_scale_exponent(dtype, 0, absmax) == 0;
+}
+
+nk_status_t nk_maxsim_load(void *buf, uint64_t nbytes, nk_maxsim_info_t *info) {
+    if (!buf || ((uintptr_t)buf) % NK_SECTION_ALIGN != 0) return nk_error_argument_k;
+    if (nbytes < NK_HEADER_BYTES) return nk_error_corrupt_k;
+    nk_maxsim_header_t given, expected;
+    memcpy(&given, buf, sizeof(given));
+    if (memcmp(given.magic, NK_MAXSIM_MAGIC, 8) != 0 || given.version != NK_MAXSIM_VERSION) return nk_error_corrupt_k;
+    if (nk_layout(given.vectors, given.depth, (int)given.dtype, &expected) != nk_ok_k) return nk_error_corrupt_k;
+    expected.capabilities = given.capabilities;
+    if (memcmp(&given, &expected, sizeof(given)) != 0 || expected.nbytes != nbytes) return nk_error_corrupt_k;
+
+    char *base = (char *)buf;
+    size_t row_bytes = (size_t)(given.depth * nk_dtype_itemsize((int)given.dtype));
+    for (uint64_t row = 0; row < given.vectors; ++row)
+        if (!nk_row_is_valid((int)given.dtype, base + given.values_offset + row * row_bytes, given.depth))
+            return nk_error_corrupt_k;
+    nk_derive_all(&given, base);
+    return nk_maxsim_info(buf, info);
+}

@@ -1,0 +1,86 @@
+/* C-level check: every compiled family that this CPU runs against serial, on adversarial data.
+ * Build and run with tests/c/run.sh. Exit code 0 when all agree. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "maxsim_internal.h"
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static double uniform(void) {
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) * (1.0 / 9007199254740992.0);
+}
+static double normal(void) {
+    double u = uniform() + 1e-300, v = uniform();
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+enum { kind_random, kind_near_ties, kind_outliers, kind_zero_rows, kind_negative, kind_count };
+static char const *kind_names[] = {"random", "near_ties", "outliers", "zero_rows", "negative"};
+
+static void fill(double *x, uint64_t rows, uint64_t depth, int kind, double const *anchor) {
+    for (uint64_t r = 0; r < rows; ++r)
+        for (uint64_t k = 0; k < depth; ++k) {
+            double v = normal();
+            if (kind == kind_near_ties && anchor) v = anchor[k] + 1e-3 * v; /* many rows within ~1e-4 of the best */
+            if (kind == kind_outliers && (k % 37 == 5)) v *= 100.0;         /* transformer-like outlier dims */
+            if (kind == kind_zero_rows && r % 3 == 1) v = 0.0;
+            if (kind == kind_negative) v = -fabs(v); /* every cosine of a pair of such rows is positive... */
+            if (kind == kind_negative && r % 2) v = -v; /* ...except across halves, so negatives occur */
+            x[r * depth + k] = v;
+        }
+}
+
+static void *pack(double const *x, uint64_t rows, uint64_t depth, int dtype) {
+    uint64_t nbytes;
+    if (nk_maxsim_pack_size(rows, depth, dtype, &nbytes) != nk_ok_k) abort();
+    void *buf = aligned_alloc(64, (nbytes + 63) / 64 * 64);
+    uint64_t bad;
+    nk_status_t s = nk_maxsim_pack(x, nk_dtype_float64_k, (int64_t)(depth * sizeof(double)), rows, depth, dtype,
+                                   nk_capabilities_available(), buf, nbytes, &bad);
+    if (s != nk_ok_k) {
+        fprintf(stderr, "pack failed: %d\n", (int)s);
+        abort();
+    }
+    return buf;
+}
+
+int main(void) {
+    static char const *dtype_names[] = {"", "float64", "float32", "float16", "bfloat16", "e4m3", "e5m2", "e2m3", "e3m2"};
+    static uint64_t const depths[] = {1, 3, 4, 17, 64, 128, 129, 1000};
+    static uint64_t const shapes[][2] = {{1, 1}, {1, 17}, {5, 3}, {32, 180}, {7, 33}, {40, 300}};
+    static uint64_t const families[] = {nk_cap_haswell_k, nk_cap_skylake_k, nk_cap_icelake_k, nk_cap_neon_k, nk_cap_sve_k};
+    static char const *family_names[] = {"haswell", "skylake", "icelake", "neon", "sve"};
+    uint64_t available = nk_capabilities_available();
+    int failures = 0, checks = 0;
+    for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); ++f)
+        printf("%s: %s\n", family_names[f], (available & families[f]) ? "checked" : "not available");
+    for (int dtype = 1; dtype <= 8; ++dtype)
+        for (size_t di = 0; di < sizeof(depths) / sizeof(depths[0]); ++di)
+            for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si)
+                for (int kind = 0; kind < kind_count; ++kind) {
+                    uint64_t depth = depths[di], nq = shapes[si][0], nd = shapes[si][1];
+                    double *xq = malloc(nq * depth * sizeof(double)), *xd = malloc(nd * depth * sizeof(double));
+                    fill(xq, nq, depth, kind, NULL);
+                    fill(xd, nd, depth, kind, kind == kind_near_ties ? xq : NULL);
+                    void *q = pack(xq, nq, depth, dtype), *d = pack(xd, nd, depth, dtype);
+                    double reference;
+                    nk_maxsim_score(q, d, nk_cap_serial_k, &reference);
+                    for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); ++f) {
+                        if (!(available & families[f])) continue;
+                        double got;
+                        nk_maxsim_score(q, d, families[f], &got);
+                        ++checks;
+                        if (!(fabs(got - reference) <= 1e-9 * fmax(1.0, fabs(reference)))) {
+                            ++failures;
+                            printf("MISMATCH %s %s depth=%llu %llux%llu %s: %.17g vs serial %.17g\n", family_names[f],
+                                   dtype_names[dtype], (unsigned long long)depth, (unsigned long long)nq,
+                                   (unsigned long long)nd, kind_names[kind], got, reference);
+                        }
+                    }
+                    free(xq), free(xd), free(q), free(d);
+                }
+    printf("%d passed, %d failed\n", checks - failures, failures);
+    return failures != 0;
+}

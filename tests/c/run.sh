@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Build the kernels and tests/c/check_kernels.c with gcc and run every family this CPU has
+# against serial. Usage: tests/c/run.sh [build-dir]
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+out="${1:-$(mktemp -d)}"
+mkdir -p "$out"
+cc="${CC:-gcc}"
+common=(-O2 -std=c11 -Wall -Wextra -I"$root/src/kernels" -I"$root/src/kernels/include")
+objects=()
+defines=()
+compile() { # name flags...
+    local name="$1"; shift
+    "$cc" "${common[@]}" "$@" -c "$root/src/kernels/$name.c" -o "$out/$name.o"
+    objects+=("$out/$name.o")
+}
+compile serial -fno-tree-vectorize
+case "$("$cc" -dumpmachine)" in
+x86_64*)
+    for family in haswell skylake icelake; do
+        if [ -f "$root/src/kernels/$family.c" ]; then
+            case "$family" in
+            haswell) flags=(-mavx2 -mfma -mf16c) ;;
+            skylake) flags=(-mavx2 -mfma -mf16c -mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl) ;;
+            icelake) flags=(-mavx2 -mfma -mf16c -mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl
+                            -mavx512vnni -mavx512vbmi2 -mavx512bitalg -mavx512vpopcntdq) ;;
+            esac
+            compile "$family" "${flags[@]}"
+            defines+=("-DNK_HAVE_${family^^}")
+        fi
+    done ;;
+esac
+for base in capabilities dispatch pack; do compile "$base" "${defines[@]}"; done
+"$cc" "${common[@]}" "${defines[@]}" "$here/check_kernels.c" "${objects[@]}" -lm -o "$out/check_kernels"
+${RUNNER:-} "$out/check_kernels"
