@@ -1,0 +1,86 @@
+import enum
+from typing import Any, Literal, Protocol, Union
+
+import numpy as np
+
+__version__: str
+
+_FloatTypeName = Literal[
+    "float64", "f64", "float32", "f32", "float16", "f16", "bfloat16", "bf16",
+    "e4m3", "float8_e4m3", "e5m2", "float8_e5m2", "e2m3", "float6_e2m3", "e3m2", "float6_e3m2",
+]
+_MiniFloatType = type
+_ComplexTypeName = Literal["complex32", "complex64", "complex128"]
+_BufferType = Any  # anything with the buffer protocol, __array_interface__ or __array__
+
+bfloat16: type
+float16: type[np.float16]
+float8_e4m3: type
+float8_e5m2: type
+float6_e2m3: type
+float6_e3m2: type
+
+class Capability(enum.IntFlag):
+    SERIAL = 1
+    HASWELL = 2
+    SKYLAKE = 4
+    ICELAKE = 8
+    SAPPHIRE = 16
+    SAPPHIREAMX = 32
+    NEON = 64
+    SVE = 128
+    SVE2 = 256
+
+class MaxSimPackedMatrix:
+    """Opaque pre-packed matrix for MaxSim late-interaction scoring."""
+
+    @classmethod
+    def pack_size(cls, vectors: int, depth: int, /, dtype: Union[_FloatTypeName, _MiniFloatType]) -> int: ...
+    def __repr__(self) -> str: ...
+    @property
+    def vectors(self) -> int: ...
+    @property
+    def depth(self) -> int: ...
+    @property
+    def dtype(
+        self,
+    ) -> Union[
+        Literal["uint1", "int4", "uint4", "int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8"],
+        _FloatTypeName,
+        _ComplexTypeName,
+    ]: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, int]: ...
+    @property
+    def capabilities(self) -> Capability: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
+def get_capabilities(kind: Literal["available", "compiled", "cpu"] = "available") -> Capability: ...
+def get_include() -> str: ...
+def maxsim_pack(
+    b: _BufferType,
+    /,
+    dtype: Union[_FloatTypeName, _MiniFloatType, None] = None,
+    *,
+    capabilities: Union[Capability, int, None] = ...,
+    stream: Union[int, None] = ...,
+) -> MaxSimPackedMatrix: ...
+def maxsim_packed(
+    queries: MaxSimPackedMatrix,
+    documents: MaxSimPackedMatrix,
+    /,
+    *,
+    capabilities: Union[Capability, int, None] = ...,
+    stream: Union[int, None] = ...,
+) -> float: ...
+def maxsim(
+    queries: _BufferType,
+    documents: _BufferType,
+    /,
+    dtype: Union[_FloatTypeName, _MiniFloatType, None] = None,
+    *,
+    capabilities: Union[Capability, int, None] = ...,
+    stream: Union[int, None] = ...,
+) -> float: ...

@@ -1,0 +1,1 @@
+"""python -m numkong: placeholder, replaced below."""

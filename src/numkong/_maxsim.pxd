@@ -1,0 +1,54 @@
+# C-level interface of numkong's MaxSim extension, for `cimport` from other Cython modules.
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+
+
+cdef extern from "numkong/maxsim.h" nogil:
+    ctypedef enum nk_status_t:
+        nk_ok_k
+        nk_error_argument_k
+        nk_error_overflow_k
+        nk_error_nonfinite_k
+        nk_error_corrupt_k
+        nk_error_buffer_small_k
+        nk_error_depth_mismatch_k
+        nk_error_dtype_mismatch_k
+        nk_error_empty_k
+
+    ctypedef struct nk_maxsim_info_t:
+        uint64_t vectors
+        uint64_t depth
+        uint64_t nbytes
+        uint64_t capabilities
+        uint32_t dtype
+
+    size_t nk_dtype_itemsize(int dtype)
+    nk_status_t nk_maxsim_pack_size(uint64_t vectors, uint64_t depth, int dtype, uint64_t *nbytes)
+    nk_status_t nk_maxsim_pack(const void *src, int source_dtype, int64_t row_stride, uint64_t vectors,
+                               uint64_t depth, int dtype, uint64_t capabilities, void *out, uint64_t out_nbytes,
+                               uint64_t *bad_row)
+    nk_status_t nk_maxsim_load(void *buf, uint64_t nbytes, nk_maxsim_info_t *info)
+    nk_status_t nk_maxsim_info(const void *buf, nk_maxsim_info_t *info)
+    nk_status_t nk_maxsim_score(const void *queries, const void *documents, uint64_t capabilities, double *result)
+    uint64_t nk_capabilities_compiled()
+    uint64_t nk_capabilities_cpu()
+    uint64_t nk_capabilities_available()
+    void nk_capabilities_disable(uint64_t mask)
+    uint64_t nk_capabilities_best(uint64_t mask)
+
+
+cdef class MaxSimPackedMatrix:
+    # One 64-byte aligned allocation holding the whole packed buffer; owned, never resized.
+    # Treat every field as read-only: they describe `data` and are set once at construction.
+    cdef void *data
+    cdef readonly uint64_t vectors
+    cdef readonly uint64_t depth
+    cdef readonly uint64_t nbytes
+    cdef readonly uint32_t dtype_code
+    cdef readonly uint64_t packed_capabilities
+    cdef Py_ssize_t _buffer_shape[1]
+    cdef Py_ssize_t _buffer_strides[1]
+
+
+# Score two packed matrices without the GIL. Returns an nk_status_t; the score goes to *result.
+cdef nk_status_t maxsim_packed_nogil(MaxSimPackedMatrix queries, MaxSimPackedMatrix documents,
+                                     uint64_t capabilities, double *result) noexcept nogil
