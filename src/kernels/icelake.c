@@ -20,74 +20,100 @@
 
 #define NK_ICE_INLINE static inline __attribute__((always_inline))
 
-/* ---- Exact float64 dot products of two stored rows, one routine per storage format. ---- */
+/* ---- Exact float64 dot products of two stored rows, one routine per storage format. ----
+ * Four independent float64 accumulators hide the FMA latency; tails use masked loads, which
+ * never touch memory past the row. */
+
+NK_ICE_INLINE __mmask16 nk_ice_tail_mask(uint64_t remaining) {
+    return remaining >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << remaining) - 1u);
+}
+
+NK_ICE_INLINE double nk_ice_sum4(__m512d a, __m512d b, __m512d c, __m512d d) {
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a, b), _mm512_add_pd(c, d)));
+}
 
 static double nk_ice_dot_f64(double const *a, double const *b, uint64_t depth) {
-    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd(), sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
     uint64_t k = 0;
-    for (; k + 16 <= depth; k += 16) {
+    for (; k + 32 <= depth; k += 32) {
         sum0 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k), _mm512_loadu_pd(b + k), sum0);
         sum1 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k + 8), _mm512_loadu_pd(b + k + 8), sum1);
+        sum2 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k + 16), _mm512_loadu_pd(b + k + 16), sum2);
+        sum3 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k + 24), _mm512_loadu_pd(b + k + 24), sum3);
     }
     for (; k < depth; k += 8) {
-        __mmask8 lanes = depth - k >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << (depth - k)) - 1u);
+        __mmask8 lanes = (__mmask8)nk_ice_tail_mask(depth - k);
         sum0 = _mm512_fmadd_pd(_mm512_maskz_loadu_pd(lanes, a + k), _mm512_maskz_loadu_pd(lanes, b + k), sum0);
     }
-    return _mm512_reduce_add_pd(_mm512_add_pd(sum0, sum1));
+    return nk_ice_sum4(sum0, sum1, sum2, sum3);
+}
+
+/* 16 float32 products added into two float64 accumulators (low and high 8 lanes). */
+NK_ICE_INLINE void nk_ice_fma_f32_pairs(__m512 x, __m512 y, __m512d *low, __m512d *high) {
+    *low = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), _mm512_cvtps_pd(_mm512_castps512_ps256(y)), *low);
+    *high = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)),
+                            *high);
 }
 
 static double nk_ice_dot_f32(float const *a, float const *b, uint64_t depth) {
-    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd(), sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
     uint64_t k = 0;
-    for (; k + 16 <= depth; k += 16) {
-        __m512 x = _mm512_loadu_ps(a + k), y = _mm512_loadu_ps(b + k);
-        sum0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), _mm512_cvtps_pd(_mm512_castps512_ps256(y)), sum0);
-        sum1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)),
-                               sum1);
+    for (; k + 32 <= depth; k += 32) {
+        nk_ice_fma_f32_pairs(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), &sum0, &sum1);
+        nk_ice_fma_f32_pairs(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(b + k + 16), &sum2, &sum3);
     }
-    for (; k < depth; k += 8) {
-        __mmask8 lanes = depth - k >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << (depth - k)) - 1u);
-        __m256 x = _mm256_maskz_loadu_ps(lanes, a + k), y = _mm256_maskz_loadu_ps(lanes, b + k);
-        sum0 = _mm512_fmadd_pd(_mm512_cvtps_pd(x), _mm512_cvtps_pd(y), sum0);
+    for (; k < depth; k += 16) {
+        __mmask16 lanes = nk_ice_tail_mask(depth - k);
+        nk_ice_fma_f32_pairs(_mm512_maskz_loadu_ps(lanes, a + k), _mm512_maskz_loadu_ps(lanes, b + k), &sum0, &sum1);
     }
-    return _mm512_reduce_add_pd(_mm512_add_pd(sum0, sum1));
+    return nk_ice_sum4(sum0, sum1, sum2, sum3);
 }
 
 /* bfloat16 is the top half of a float32; products can overflow float32, so multiply in float64. */
-static inline __m512 nk_ice_bf16_to_f32(__m256i bits) {
+NK_ICE_INLINE __m512 nk_ice_bf16_to_f32(__m256i bits) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
 static double nk_ice_dot_bf16(uint16_t const *a, uint16_t const *b, uint64_t depth) {
-    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
-    for (uint64_t k = 0; k < depth; k += 16) {
-        __mmask16 lanes = depth - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (depth - k)) - 1u);
-        __m512 x = nk_ice_bf16_to_f32(_mm256_maskz_loadu_epi16(lanes, a + k));
-        __m512 y = nk_ice_bf16_to_f32(_mm256_maskz_loadu_epi16(lanes, b + k));
-        sum0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), _mm512_cvtps_pd(_mm512_castps512_ps256(y)), sum0);
-        sum1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)),
-                               sum1);
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd(), sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
+    uint64_t k = 0;
+    for (; k + 32 <= depth; k += 32) {
+        nk_ice_fma_f32_pairs(nk_ice_bf16_to_f32(_mm256_loadu_si256((__m256i const *)(a + k))),
+                             nk_ice_bf16_to_f32(_mm256_loadu_si256((__m256i const *)(b + k))), &sum0, &sum1);
+        nk_ice_fma_f32_pairs(nk_ice_bf16_to_f32(_mm256_loadu_si256((__m256i const *)(a + k + 16))),
+                             nk_ice_bf16_to_f32(_mm256_loadu_si256((__m256i const *)(b + k + 16))), &sum2, &sum3);
     }
-    return _mm512_reduce_add_pd(_mm512_add_pd(sum0, sum1));
+    for (; k < depth; k += 16) {
+        __mmask16 lanes = nk_ice_tail_mask(depth - k);
+        nk_ice_fma_f32_pairs(nk_ice_bf16_to_f32(_mm256_maskz_loadu_epi16(lanes, a + k)),
+                             nk_ice_bf16_to_f32(_mm256_maskz_loadu_epi16(lanes, b + k)), &sum0, &sum1);
+    }
+    return nk_ice_sum4(sum0, sum1, sum2, sum3);
 }
 
 /* Every half-based format: a product of two halves (11-bit significands, exponents within
  * [-24, 15]) is exact in float32, so multiply there and accumulate the exact products in float64. */
-NK_ICE_INLINE __m512d nk_ice_add_products(__m512d sum, __m512 x, __m512 y, __m512d *sum_high) {
+NK_ICE_INLINE void nk_ice_add_products(__m512 x, __m512 y, __m512d *low, __m512d *high) {
     __m512 product = _mm512_mul_ps(x, y);
-    *sum_high = _mm512_add_pd(*sum_high, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product, 1)));
-    return _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_castps512_ps256(product)));
+    *low = _mm512_add_pd(*low, _mm512_cvtps_pd(_mm512_castps512_ps256(product)));
+    *high = _mm512_add_pd(*high, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product, 1)));
 }
 
 static double nk_ice_dot_f16(uint16_t const *a, uint16_t const *b, uint64_t depth) {
-    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
-    for (uint64_t k = 0; k < depth; k += 16) {
-        __mmask16 lanes = depth - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (depth - k)) - 1u);
-        __m512 x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, a + k));
-        __m512 y = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, b + k));
-        sum0 = nk_ice_add_products(sum0, x, y, &sum1);
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd(), sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
+    uint64_t k = 0;
+    for (; k + 32 <= depth; k += 32) {
+        nk_ice_add_products(_mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(a + k))),
+                            _mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(b + k))), &sum0, &sum1);
+        nk_ice_add_products(_mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(a + k + 16))),
+                            _mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(b + k + 16))), &sum2, &sum3);
     }
-    return _mm512_reduce_add_pd(_mm512_add_pd(sum0, sum1));
+    for (; k < depth; k += 16) {
+        __mmask16 lanes = nk_ice_tail_mask(depth - k);
+        nk_ice_add_products(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, a + k)),
+                            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, b + k)), &sum0, &sum1);
+    }
+    return nk_ice_sum4(sum0, sum1, sum2, sum3);
 }
 
 /* 16 one-byte minifloats to float32 through their exact IEEE half images (scale applied later). */
@@ -112,15 +138,22 @@ NK_ICE_INLINE __m512 nk_ice_minifloat_to_f32(int dtype, __m128i bytes) {
 }
 
 NK_ICE_INLINE double nk_ice_dot_minifloat(int dtype, uint8_t const *a, uint8_t const *b, uint64_t depth, double scale) {
-    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
-    for (uint64_t k = 0; k < depth; k += 16) {
-        __mmask16 lanes = depth - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (depth - k)) - 1u);
-        __m512 x = nk_ice_minifloat_to_f32(dtype, _mm_maskz_loadu_epi8(lanes, a + k));
-        __m512 y = nk_ice_minifloat_to_f32(dtype, _mm_maskz_loadu_epi8(lanes, b + k));
-        sum0 = nk_ice_add_products(sum0, x, y, &sum1);
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd(), sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
+    uint64_t k = 0;
+    for (; k + 32 <= depth; k += 32) {
+        nk_ice_add_products(nk_ice_minifloat_to_f32(dtype, _mm_loadu_si128((__m128i const *)(a + k))),
+                            nk_ice_minifloat_to_f32(dtype, _mm_loadu_si128((__m128i const *)(b + k))), &sum0, &sum1);
+        nk_ice_add_products(nk_ice_minifloat_to_f32(dtype, _mm_loadu_si128((__m128i const *)(a + k + 16))),
+                            nk_ice_minifloat_to_f32(dtype, _mm_loadu_si128((__m128i const *)(b + k + 16))), &sum2,
+                            &sum3);
+    }
+    for (; k < depth; k += 16) {
+        __mmask16 lanes = nk_ice_tail_mask(depth - k);
+        nk_ice_add_products(nk_ice_minifloat_to_f32(dtype, _mm_maskz_loadu_epi8(lanes, a + k)),
+                            nk_ice_minifloat_to_f32(dtype, _mm_maskz_loadu_epi8(lanes, b + k)), &sum0, &sum1);
     }
     /* The power-of-two scales of both operands, exact in float64. */
-    return _mm512_reduce_add_pd(_mm512_add_pd(sum0, sum1)) * (scale * scale);
+    return nk_ice_sum4(sum0, sum1, sum2, sum3) * (scale * scale);
 }
 
 static double nk_ice_dot_e4m3(uint8_t const *a, uint8_t const *b, uint64_t depth) {
@@ -219,25 +252,20 @@ NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t gro
         for (int t = 0; t < tiles; ++t) _mm512_store_si512(scores + r * NK_ICE_BLOCK_DOCS + 16 * t, acc[r][t]);
 }
 
-/* Signed screening words of query rows [first, first + 8) for depth groups [g0, g0 + groups);
- * rows past the end are zero and so contribute nothing. */
+/* Signed screening words of query rows [first, first + 8) for depth groups [g0, g0 + groups).
+ * first is a multiple of 8, so the 8 rows are 8 adjacent lanes of one query tile: one 32-byte
+ * (masked) load per depth group. Rows past the end are zero and so contribute nothing. */
 static void nk_ice_load_query_groups(nk_maxsim_view_t const *q, uint64_t first, uint64_t g0, uint64_t groups,
                                      int32_t *query_groups) {
-    for (int r = 0; r < NK_ICE_ROWS; ++r) {
-        uint64_t row = first + (uint64_t)r;
-        if (row >= q->vectors) {
-            for (uint64_t g = 0; g < groups; ++g) query_groups[g * NK_ICE_ROWS + r] = 0;
-            continue;
-        }
-        uint64_t base = nk_screen_offset(q->vectors, q->screen_depth, row, 0);
-        uint64_t stride = nk_screen_offset(q->vectors, q->screen_depth, row, 4) - base;
-        uint8_t const *source = q->screen + base + g0 * stride;
-        for (uint64_t g = 0; g < groups; ++g, source += stride) {
-            uint32_t word;
-            memcpy(&word, source, 4);
-            query_groups[g * NK_ICE_ROWS + r] = (int32_t)(word ^ 0x80808080u);
-        }
-    }
+    uint64_t base = nk_screen_offset(q->vectors, q->screen_depth, first, 0);
+    uint64_t stride = nk_screen_offset(q->vectors, q->screen_depth, first, 4) - base;
+    uint64_t present = q->vectors - first;
+    __mmask8 rows = present >= NK_ICE_ROWS ? (__mmask8)0xFF : (__mmask8)((1u << present) - 1u);
+    __m256i bias = _mm256_set1_epi32((int)0x80808080u);
+    uint8_t const *source = q->screen + base + g0 * stride;
+    for (uint64_t g = 0; g < groups; ++g, source += stride)
+        _mm256_store_si256((__m256i *)(query_groups + g * NK_ICE_ROWS),
+                           _mm256_maskz_xor_epi32(rows, _mm256_maskz_loadu_epi32(rows, source), bias));
 }
 
 /* Screen documents [first_doc, first_doc + docs) against one query group, all depth groups,
@@ -269,6 +297,60 @@ static void nk_ice_screen_block(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
     }
 }
 
+/* Bounds and candidates of query row i against one screened block, raising *best.
+ * In units of the query's screening step s_q (so per-row constants leave the inner loops):
+ *   p_j = dot_j * s_d[j],  estimate c_j = s_q p_j,
+ *   UB_j = s_q (p_j + b e_j) + a,  LB_j = s_q (p_j - b e_j) - a,  with b = (1 + e_q) / s_q,
+ * a = e_q + slack. Document j stays a candidate while UB_j >= max(max LB, best exact cosine). */
+static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t i, uint64_t first_doc,
+                              uint64_t docs, float *row_scores, double *best) {
+    double error_q = q->screen_errors[i], scale_q = q->screen_scales[i], inv_q = q->inv_norms[i];
+    double a = error_q + nk_screen_slack_k;
+    __m512 b = _mm512_set1_ps((float)((1.0 + error_q) / scale_q));
+    __m512i bias = _mm512_set1_epi32(128 * q->screen_sums[i]);
+    float const *scales_d = d->screen_scales + first_doc, *errors_d = d->screen_errors + first_doc;
+    uint64_t tiles = (docs + NK_SCREEN_TILE - 1) / NK_SCREEN_TILE;
+
+    /* Pass 1: raw dots -> p in place, and the best lower bound (in p units, before - a). */
+    __m512 best_lower = _mm512_set1_ps(-INFINITY);
+    for (uint64_t t = 0; t < tiles; ++t) {
+        __mmask16 lanes = nk_ice_tail_mask(docs - 16 * t);
+        __m512i dot = _mm512_sub_epi32(_mm512_load_si512(row_scores + 16 * t), bias);
+        __m512 p = _mm512_maskz_mul_ps(lanes, _mm512_cvtepi32_ps(dot), _mm512_maskz_loadu_ps(lanes, scales_d + 16 * t));
+        _mm512_store_ps(row_scores + 16 * t, p);
+        __m512 lower = _mm512_fnmadd_ps(b, _mm512_maskz_loadu_ps(lanes, errors_d + 16 * t), p);
+        best_lower = _mm512_mask_max_ps(best_lower, lanes, best_lower, lower);
+    }
+
+    /* Threshold on p + b e: max(LB) or best, minus a, over s_q; rounded down so it only admits. */
+    double from_bounds = (double)_mm512_reduce_max_ps(best_lower) * scale_q - a;
+    double threshold = from_bounds > *best ? from_bounds : *best;
+    __m512 cut = _mm512_set1_ps(nk_ice_round_down((threshold - a) / scale_q));
+
+    /* Pass 2: rescore every document whose upper bound reaches the threshold. */
+    void const *q_row = (char const *)q->values + i * nk_dtype_itemsize((int)q->dtype) * q->depth;
+    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
+    for (uint64_t t = 0; t < tiles; ++t) {
+        __mmask16 lanes = nk_ice_tail_mask(docs - 16 * t);
+        __m512 upper = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(lanes, errors_d + 16 * t), _mm512_load_ps(row_scores + 16 * t));
+        __mmask16 candidates = _mm512_mask_cmp_ps_mask(lanes, upper, cut, _CMP_GE_OQ);
+        while (candidates) {
+            unsigned lane = (unsigned)__builtin_ctz(candidates);
+            candidates &= (__mmask16)(candidates - 1u);
+            double cos = nk_ice_cosine(q, d, q_row, inv_q, first_doc + 16 * t + lane, row_bytes);
+            if (cos > *best) {
+                *best = cos;
+                /* A better exact cosine tightens the cut for what follows. */
+                if (cos > threshold) {
+                    threshold = cos;
+                    cut = _mm512_set1_ps(nk_ice_round_down((threshold - a) / scale_q));
+                    candidates &= _mm512_cmp_ps_mask(upper, cut, _CMP_GE_OQ);
+                }
+            }
+        }
+    }
+}
+
 double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_ice_exhaustive(q, d);
 
@@ -294,52 +376,7 @@ double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
                 uint64_t i = first_query + r;
                 double inv_q = q->inv_norms[i];
                 if (inv_q == 0.0) continue;
-                float error_q = q->screen_errors[i];
-                __m512i bias = _mm512_set1_epi32(128 * q->screen_sums[i]);
-                __m512 scale_q = _mm512_set1_ps(q->screen_scales[i]);
-                __m512 slack = _mm512_set1_ps(error_q + nk_screen_slack_k), growth = _mm512_set1_ps(1.0f + error_q);
-                __m512 best_lower = _mm512_set1_ps(-INFINITY), minus_infinity = _mm512_set1_ps(-INFINITY);
-                float *row_scores = scores + r * NK_ICE_BLOCK_DOCS;
-
-                /* Pass 1: raw dots -> upper bounds in place, and the best lower bound. */
-                for (uint64_t t = 0; t < tiles; ++t) {
-                    uint64_t present = docs - 16 * t;
-                    __mmask16 lanes = present >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << present) - 1u);
-                    uint64_t j = first_doc + 16 * t;
-                    __m512i dot = _mm512_sub_epi32(_mm512_load_si512(row_scores + 16 * t), bias);
-                    __m512 scale = _mm512_mul_ps(scale_q, _mm512_maskz_loadu_ps(lanes, d->screen_scales + j));
-                    __m512 margin = _mm512_fmadd_ps(growth, _mm512_maskz_loadu_ps(lanes, d->screen_errors + j), slack);
-                    __m512 estimate = _mm512_cvtepi32_ps(dot);
-                    __m512 upper = _mm512_fmadd_ps(estimate, scale, margin);
-                    __m512 lower = _mm512_fmsub_ps(estimate, scale, margin);
-                    best_lower = _mm512_mask_max_ps(best_lower, lanes, best_lower, lower);
-                    _mm512_store_ps(row_scores + 16 * t, _mm512_mask_mov_ps(minus_infinity, lanes, upper));
-                }
-
-                /* Pass 2: rescore every document whose upper bound reaches the threshold. */
-                void const *q_row = (char const *)q->values + i * row_bytes;
-                float threshold = _mm512_reduce_max_ps(best_lower), from_best = nk_ice_round_down(best[r]);
-                if (from_best > threshold) threshold = from_best;
-                __m512 threshold_vector = _mm512_set1_ps(threshold);
-                for (uint64_t t = 0; t < tiles; ++t) {
-                    __m512 upper = _mm512_load_ps(row_scores + 16 * t);
-                    __mmask16 candidates = _mm512_cmp_ps_mask(upper, threshold_vector, _CMP_GE_OQ);
-                    while (candidates) {
-                        unsigned lane = (unsigned)__builtin_ctz(candidates);
-                        candidates &= (__mmask16)(candidates - 1u);
-                        double cos = nk_ice_cosine(q, d, q_row, inv_q, first_doc + 16 * t + lane, row_bytes);
-                        if (cos > best[r]) {
-                            best[r] = cos;
-                            /* A better exact cosine tightens the threshold for what follows. */
-                            float raised = nk_ice_round_down(cos);
-                            if (raised > threshold) {
-                                threshold = raised;
-                                threshold_vector = _mm512_set1_ps(threshold);
-                                candidates &= _mm512_cmp_ps_mask(upper, threshold_vector, _CMP_GE_OQ);
-                            }
-                        }
-                    }
-                }
+                nk_ice_candidates(q, d, i, first_doc, docs, scores + r * NK_ICE_BLOCK_DOCS, &best[r]);
             }
         }
         for (uint64_t r = 0; r < rows; ++r)
