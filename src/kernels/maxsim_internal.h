@@ -59,6 +59,24 @@ typedef struct nk_maxsim_header {
     uint8_t reserved[NK_HEADER_BYTES - 8 - 4 - 4 - 11 * 8];
 } nk_maxsim_header_t;
 
+/* A packed corpus: this header, a table of nk_corpus_entry_t (one per document, at table_offset),
+ * then each document as a complete packed matrix at its own 64-byte aligned offset, in order. */
+#define NK_CORPUS_MAGIC "NKCORPUS"
+#define NK_CORPUS_VERSION 1u
+
+typedef struct nk_corpus_header {
+    char magic[8];
+    uint32_t version;
+    uint32_t dtype;
+    uint64_t depth;
+    uint64_t documents;
+    uint64_t total_vectors;
+    uint64_t capabilities;
+    uint64_t nbytes;
+    uint64_t table_offset;
+    uint8_t reserved[NK_HEADER_BYTES - 8 - 4 - 4 - 6 * 8];
+} nk_corpus_header_t;
+
 /* What a kernel reads from one packed operand. */
 typedef struct nk_maxsim_view {
     uint32_t dtype;

@@ -173,8 +173,16 @@ static int nk_row_scale_exponent(int dtype, int casting, double absmax) {
     }
 }
 
-/* Rebuild inv_norms and the screening sections of one row from its stored values. */
-static void nk_derive_row(nk_maxsim_header_t const *h, char *base, uint64_t row) {
+/* Write `bytes` of derived data, or (verify) compare them with what is stored; 0 on mismatch. */
+static int nk_put(void *target, void const *value, size_t bytes, int verify) {
+    if (verify) return memcmp(target, value, bytes) == 0;
+    memcpy(target, value, bytes);
+    return 1;
+}
+
+/* Derive inv_norms and the screening sections of one row from its stored values: written, or
+ * (verify) compared bit for bit, which is how read-only buffers are trusted. 0 on mismatch. */
+static int nk_derive_row(nk_maxsim_header_t const *h, char *base, uint64_t row, int verify) {
     size_t itemsize = nk_dtype_itemsize((int)h->dtype);
     void const *values = base + h->values_offset + row * h->depth * itemsize;
     double sum_squares = 0.0, absmax = 0.0;
@@ -184,7 +192,7 @@ static void nk_derive_row(nk_maxsim_header_t const *h, char *base, uint64_t row)
         if (fabs(x) > absmax) absmax = fabs(x);
     }
     double inv_norm = sum_squares > 0.0 ? 1.0 / sqrt(sum_squares) : 0.0;
-    ((double *)(base + h->inv_norms_offset))[row] = inv_norm;
+    int same = nk_put(base + h->inv_norms_offset + row * sizeof(double), &inv_norm, sizeof(double), verify);
 
     /* int8 copy of the unit row: q = round(u * 127 / max|u|), step = max|u| / 127 as float32. */
     double unit_absmax = absmax * inv_norm;
@@ -192,7 +200,6 @@ static void nk_derive_row(nk_maxsim_header_t const *h, char *base, uint64_t row)
     double multiplier = step > 0.0f ? 1.0 / (double)step : 0.0;
     double error_squares = 0.0;
     int64_t sum = 0;
-    uint8_t *screen = (uint8_t *)(base + h->screen_offset);
     for (uint64_t k = 0; k < h->screen_depth; ++k) {
         double u = k < h->depth ? nk_decode((int)h->dtype, values, k) * inv_norm : 0.0;
         double q = nearbyint(u * multiplier);
@@ -201,16 +208,23 @@ static void nk_derive_row(nk_maxsim_header_t const *h, char *base, uint64_t row)
         double residual = u - q * (double)step;
         error_squares += residual * residual;
         sum += (int64_t)q;
-        screen[nk_screen_offset(h->vectors, h->screen_depth, row, k)] = (uint8_t)((int)q + 128);
+        uint8_t biased = (uint8_t)((int)q + 128);
+        same &= nk_put(base + h->screen_offset + nk_screen_offset(h->vectors, h->screen_depth, row, k), &biased, 1,
+                       verify);
     }
     /* Round the error bound up: the relative margin dwarfs float64 and float32 rounding. */
-    ((float *)(base + h->screen_scales_offset))[row] = step;
-    ((float *)(base + h->screen_errors_offset))[row] = (float)(sqrt(error_squares) * (1.0 + 1e-6) + 1e-30);
-    ((int32_t *)(base + h->screen_sums_offset))[row] = (int32_t)sum;
+    float error = (float)(sqrt(error_squares) * (1.0 + 1e-6) + 1e-30);
+    int32_t sum32 = (int32_t)sum;
+    same &= nk_put(base + h->screen_scales_offset + row * sizeof(float), &step, sizeof(float), verify);
+    same &= nk_put(base + h->screen_errors_offset + row * sizeof(float), &error, sizeof(float), verify);
+    same &= nk_put(base + h->screen_sums_offset + row * sizeof(int32_t), &sum32, sizeof(int32_t), verify);
+    return same;
 }
 
-static void nk_derive_all(nk_maxsim_header_t const *h, char *base) {
-    for (uint64_t row = 0; row < h->vectors; ++row) nk_derive_row(h, base, row);
+static int nk_derive_all(nk_maxsim_header_t const *h, char *base, int verify) {
+    for (uint64_t row = 0; row < h->vectors; ++row)
+        if (!nk_derive_row(h, base, row, verify)) return 0;
+    return 1;
 }
 
 nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride, uint64_t vectors, uint64_t depth,
@@ -245,7 +259,7 @@ nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride
         else
             for (uint64_t k = 0; k < depth; ++k) nk_store(dtype, target_row, k, ldexp(nk_decode(source_dtype, source_row, k), shift));
     }
-    nk_derive_all(&h, base);
+    nk_derive_all(&h, base, 0);
     return nk_ok_k;
 }
 
@@ -267,21 +281,37 @@ static int nk_row_is_valid(int dtype, void const *row, uint64_t depth) {
     return nk_row_scale_exponent(dtype, 0, absmax) == 0;
 }
 
-nk_status_t nk_maxsim_load(void *buf, uint64_t nbytes, nk_maxsim_info_t *info) {
+/* Header, layout and stored values of untrusted bytes; fills *header. */
+static nk_status_t nk_check(void const *buf, uint64_t nbytes, nk_maxsim_header_t *header) {
     if (!buf || ((uintptr_t)buf) % NK_SECTION_ALIGN != 0) return nk_error_argument_k;
     if (nbytes < NK_HEADER_BYTES) return nk_error_corrupt_k;
-    nk_maxsim_header_t given, expected;
-    memcpy(&given, buf, sizeof(given));
-    if (memcmp(given.magic, NK_MAXSIM_MAGIC, 8) != 0 || given.version != NK_MAXSIM_VERSION) return nk_error_corrupt_k;
-    if (nk_layout(given.vectors, given.depth, (int)given.dtype, &expected) != nk_ok_k) return nk_error_corrupt_k;
-    expected.capabilities = given.capabilities;
-    if (memcmp(&given, &expected, sizeof(given)) != 0 || expected.nbytes != nbytes) return nk_error_corrupt_k;
-
-    char *base = (char *)buf;
-    size_t row_bytes = (size_t)(given.depth * nk_dtype_itemsize((int)given.dtype));
-    for (uint64_t row = 0; row < given.vectors; ++row)
-        if (!nk_row_is_valid((int)given.dtype, base + given.values_offset + row * row_bytes, given.depth))
+    nk_maxsim_header_t expected;
+    memcpy(header, buf, sizeof(*header));
+    if (memcmp(header->magic, NK_MAXSIM_MAGIC, 8) != 0 || header->version != NK_MAXSIM_VERSION) return nk_error_corrupt_k;
+    if (nk_layout(header->vectors, header->depth, (int)header->dtype, &expected) != nk_ok_k) return nk_error_corrupt_k;
+    expected.capabilities = header->capabilities;
+    if (memcmp(header, &expected, sizeof(expected)) != 0 || expected.nbytes != nbytes) return nk_error_corrupt_k;
+    char const *base = (char const *)buf;
+    size_t row_bytes = (size_t)(header->depth * nk_dtype_itemsize((int)header->dtype));
+    for (uint64_t row = 0; row < header->vectors; ++row)
+        if (!nk_row_is_valid((int)header->dtype, base + header->values_offset + row * row_bytes, header->depth))
             return nk_error_corrupt_k;
-    nk_derive_all(&given, base);
+    return nk_ok_k;
+}
+
+nk_status_t nk_maxsim_load(void *buf, uint64_t nbytes, nk_maxsim_info_t *info) {
+    nk_maxsim_header_t header;
+    nk_status_t status = nk_check(buf, nbytes, &header);
+    if (status != nk_ok_k) return status;
+    nk_derive_all(&header, (char *)buf, 0);
+    return nk_maxsim_info(buf, info);
+}
+
+nk_status_t nk_maxsim_verify(void const *buf, uint64_t nbytes, nk_maxsim_info_t *info) {
+    nk_maxsim_header_t header;
+    nk_status_t status = nk_check(buf, nbytes, &header);
+    if (status != nk_ok_k) return status;
+    /* Verification only reads: the cast drops const for the shared derive/compare routine. */
+    if (!nk_derive_all(&header, (char *)(uintptr_t)buf, 1)) return nk_error_corrupt_k;
     return nk_maxsim_info(buf, info);
 }

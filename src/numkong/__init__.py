@@ -12,11 +12,14 @@ import numpy as _np
 
 from numkong._maxsim import (
     Capability,
+    MaxSimPackedCorpus,
     MaxSimPackedMatrix,
     get_capabilities,
     maxsim,
     maxsim_pack,
+    maxsim_pack_corpus,
     maxsim_packed,
+    maxsim_packed_corpus,
 )
 from numkong._maxsim import _disable_capabilities
 
@@ -40,6 +43,7 @@ _disable_capabilities(_os.environ.get("NUMKONG_DISABLE", ""))
 
 __all__ = [
     "Capability",
+    "MaxSimPackedCorpus",
     "MaxSimPackedMatrix",
     "bfloat16",
     "float16",
@@ -51,5 +55,7 @@ __all__ = [
     "get_include",
     "maxsim",
     "maxsim_pack",
+    "maxsim_pack_corpus",
     "maxsim_packed",
+    "maxsim_packed_corpus",
 ]

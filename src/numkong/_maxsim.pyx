@@ -1,6 +1,7 @@
 """Cython core of numkong: the packed matrix type, packing, scoring, capabilities."""
 import enum
 import functools
+import os
 import pickle
 
 import ml_dtypes
@@ -8,7 +9,7 @@ import numpy as np
 
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
-from libc.stdlib cimport free
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 
@@ -257,23 +258,7 @@ cdef class MaxSimPackedMatrix:
                 f"nbytes={self.nbytes})")
 
     def __getbuffer__(self, Py_buffer *buffer, int flags):
-        if flags & PyBUF_WRITABLE:
-            raise BufferError("a MaxSimPackedMatrix buffer is read-only")
-        self._buffer_shape[0] = <Py_ssize_t>self.nbytes
-        self._buffer_strides[0] = 1
-        buffer.buf = self.data
-        buffer.obj = self
-        buffer.len = <Py_ssize_t>self.nbytes
-        buffer.readonly = 1
-        buffer.itemsize = 1
-        buffer.format = NULL
-        if flags & PyBUF_FORMAT:
-            buffer.format = b"B"
-        buffer.ndim = 1
-        buffer.shape = self._buffer_shape
-        buffer.strides = self._buffer_strides
-        buffer.suboffsets = NULL
-        buffer.internal = NULL
+        _export_bytes(self, buffer, flags, self.data, self.nbytes, self._buffer_shape, self._buffer_strides)
 
     def __releasebuffer__(self, Py_buffer *buffer):
         pass
@@ -282,6 +267,29 @@ cdef class MaxSimPackedMatrix:
         if protocol >= 5:
             return (_load_packed, (pickle.PickleBuffer(self),))
         return (_load_packed, (bytes(memoryview(self)),))
+
+
+cdef int _export_bytes(object owner, Py_buffer *buffer, int flags, void *data, uint64_t nbytes,
+                       Py_ssize_t *shape, Py_ssize_t *strides) except -1:
+    """Expose `nbytes` at `data` as a read-only 1-D unsigned-byte buffer owned by `owner`."""
+    if flags & PyBUF_WRITABLE:
+        raise BufferError(f"a {type(owner).__name__} buffer is read-only")
+    shape[0] = <Py_ssize_t>nbytes
+    strides[0] = 1
+    buffer.buf = data
+    buffer.obj = owner
+    buffer.len = <Py_ssize_t>nbytes
+    buffer.readonly = 1
+    buffer.itemsize = 1
+    buffer.format = NULL
+    if flags & PyBUF_FORMAT:
+        buffer.format = b"B"
+    buffer.ndim = 1
+    buffer.shape = shape
+    buffer.strides = strides
+    buffer.suboffsets = NULL
+    buffer.internal = NULL
+    return 0
 
 
 cdef int _check_count(object value, str name) except -1:
@@ -358,29 +366,37 @@ def maxsim_pack(b, /, dtype=None, *, capabilities=None, stream=None):
     return _pack(arr, name, mask)
 
 
-cdef MaxSimPackedMatrix _pack(object arr, str name, uint64_t mask):
+cdef int _pack_into(object arr, str name, uint64_t mask, void *out, uint64_t capacity) except -1:
+    """Pack a checked 2-D array into `capacity` bytes at `out` (64-byte aligned)."""
     cdef int code = _DTYPE_CODES[name]
     cdef int source_code = code
-    target = _NUMPY_DTYPES[name]
-    if arr.dtype != target or not arr.flags.aligned:
+    if arr.dtype != _NUMPY_DTYPES[name] or not arr.flags.aligned:
         # Any other format goes through float64, which holds every supported input exactly
         # (integers beyond 2**53 round once); the C packer then rounds to nearest even.
         arr = arr.astype(np.float64)
         source_code = 1
-    cdef uint64_t vectors = arr.shape[0], depth = arr.shape[1], nbytes = 0, bad_row = 0
-    status = nk_maxsim_pack_size(vectors, depth, code, &nbytes)
-    if status != nk_ok_k:
-        raise ValueError(f"{vectors} x {depth} {name} does not fit a packed buffer (byte size overflows 64 bits)")
-    cdef MaxSimPackedMatrix packed = _allocate(nbytes)
+    cdef uint64_t vectors = arr.shape[0], depth = arr.shape[1], bad_row = 0
     cdef uintptr_t source = arr.__array_interface__["data"][0]
     cdef int64_t row_stride = arr.strides[0]
+    cdef nk_status_t status
     with nogil:
         status = nk_maxsim_pack(<const void *>source, source_code, row_stride, vectors, depth, code, mask,
-                                packed.data, nbytes, &bad_row)
+                                out, capacity, &bad_row)
     if status == nk_error_nonfinite_k:
         raise ValueError(f"row {bad_row} contains NaN or infinity; MaxSim needs finite values")
     if status != nk_ok_k:
         raise RuntimeError(f"packing failed with status {status}")
+    return 0
+
+
+cdef MaxSimPackedMatrix _pack(object arr, str name, uint64_t mask):
+    cdef uint64_t nbytes = 0
+    cdef int code = _DTYPE_CODES[name]
+    if nk_maxsim_pack_size(arr.shape[0], arr.shape[1], code, &nbytes) != nk_ok_k:
+        raise ValueError(f"{arr.shape[0]} x {arr.shape[1]} {name} does not fit a packed buffer "
+                         f"(byte size overflows 64 bits)")
+    cdef MaxSimPackedMatrix packed = _allocate(nbytes)
+    _pack_into(arr, name, mask, packed.data, nbytes)
     _adopt_header(packed)
     return packed
 
@@ -452,3 +468,6 @@ def maxsim(queries, documents, /, dtype=None, *, capabilities=None, stream=None)
     except ValueError as error:
         raise ValueError(f"documents: {error}") from None
     return _score(packed_queries, packed_documents, mask)
+
+
+include "_corpus.pxi"

@@ -86,6 +86,10 @@ nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride
  * Fills *info. nk_error_corrupt_k for anything inconsistent. */
 nk_status_t nk_maxsim_load(void *buf, uint64_t nbytes, nk_maxsim_info_t *info);
 
+/* Validate read-only untrusted bytes (e.g. memory-mapped): header, layout, stored values, and every
+ * derived section equal to what the packer would compute. nk_error_corrupt_k otherwise. */
+nk_status_t nk_maxsim_verify(void const *buf, uint64_t nbytes, nk_maxsim_info_t *info);
+
 /* Read the header of a buffer produced by nk_maxsim_pack() or nk_maxsim_load(). */
 nk_status_t nk_maxsim_info(void const *buf, nk_maxsim_info_t *info);
 
@@ -94,6 +98,41 @@ nk_status_t nk_maxsim_info(void const *buf, nk_maxsim_info_t *info);
  * Both buffers must come from nk_maxsim_pack() or nk_maxsim_load(). Does not allocate,
  * does not touch the GIL, safe to call from many threads on the same buffers. */
 nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t capabilities, double *result);
+
+/* ---- Packed corpora: many documents of different lengths in one portable buffer. ---- */
+
+typedef struct nk_corpus_entry {
+    uint64_t offset;  /* byte offset of the document's packed matrix inside the corpus */
+    uint64_t vectors; /* its rows */
+} nk_corpus_entry_t;
+
+typedef struct nk_corpus_info {
+    uint64_t documents;
+    uint64_t depth;
+    uint64_t total_vectors;
+    uint64_t nbytes;
+    uint64_t capabilities;
+    uint32_t dtype;
+} nk_corpus_info_t;
+
+/* Exact byte size of a corpus of documents with lengths[0 .. documents). */
+nk_status_t nk_corpus_pack_size(uint64_t const *lengths, uint64_t documents, uint64_t depth, int dtype,
+                                uint64_t *nbytes);
+/* Write the header and document table into `out` (64-byte aligned). Then pack each document with
+ * nk_maxsim_pack() into nk_corpus_document(out, i, &capacity). */
+nk_status_t nk_corpus_init(uint64_t const *lengths, uint64_t documents, uint64_t depth, int dtype,
+                           uint64_t capabilities, void *out, uint64_t out_nbytes);
+/* Document i's packed matrix inside a corpus (and its byte size, if nbytes is not NULL). */
+void *nk_corpus_document(void const *corpus, uint64_t index, uint64_t *nbytes);
+/* Validate read-only untrusted bytes as a corpus, every document verified. nk_error_corrupt_k otherwise. */
+nk_status_t nk_corpus_verify(void const *buf, uint64_t nbytes, nk_corpus_info_t *info);
+/* Read the header of a corpus built by nk_corpus_init() or checked by nk_corpus_verify(). */
+nk_status_t nk_corpus_info(void const *buf, nk_corpus_info_t *info);
+/* scores[i * documents + j] = MaxSim of queries[i] against document j (each bit-identical to
+ * nk_maxsim_score on that pair), on up to `threads` threads (the caller's included). Every document
+ * must have at least one row (nk_error_empty_k). Creates and joins its own threads; no other allocation. */
+nk_status_t nk_maxsim_score_corpus(void const *const *queries, uint64_t query_count, void const *corpus,
+                                   uint64_t capabilities, uint64_t threads, double *scores);
 
 /* Families compiled into this build. */
 uint64_t nk_capabilities_compiled(void);
