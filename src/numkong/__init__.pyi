@@ -1,7 +1,9 @@
 import enum
-from typing import Any, Literal, Protocol, Union
+import os
+from typing import Any, Literal, Sequence, Tuple, Union, overload
 
 import numpy as np
+import numpy.typing as npt
 
 __version__: str
 
@@ -57,6 +59,36 @@ class MaxSimPackedMatrix:
     def capabilities(self) -> Capability: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
+class MaxSimPackedCorpus:
+    """Many packed documents of different lengths in one portable buffer."""
+
+    @classmethod
+    def pack_size(
+        cls, lengths: Sequence[int], depth: int, /, dtype: Union[_FloatTypeName, _MiniFloatType]
+    ) -> int: ...
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike[str]], *, mmap: bool = True) -> "MaxSimPackedCorpus": ...
+    def save(self, path: Union[str, os.PathLike[str]]) -> None: ...
+    def __len__(self) -> int: ...
+    def __repr__(self) -> str: ...
+    @property
+    def documents(self) -> int: ...
+    @property
+    def depth(self) -> int: ...
+    @property
+    def total_vectors(self) -> int: ...
+    @property
+    def dtype(self) -> _FloatTypeName: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def lengths(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def capabilities(self) -> Capability: ...
+    @property
+    def owns_data(self) -> bool: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
 def get_capabilities(kind: Literal["available", "compiled", "cpu"] = "available") -> Capability: ...
 def get_include() -> str: ...
 def maxsim_pack(
@@ -84,3 +116,34 @@ def maxsim(
     capabilities: Union[Capability, int, None] = ...,
     stream: Union[int, None] = ...,
 ) -> float: ...
+def maxsim_pack_corpus(
+    documents: Union[Sequence[_BufferType], _BufferType],
+    /,
+    dtype: Union[_FloatTypeName, _MiniFloatType, None] = None,
+    *,
+    offsets: Union[Sequence[int], npt.NDArray[np.integer[Any]], None] = None,
+    capabilities: Union[Capability, int, None] = ...,
+    stream: Union[int, None] = ...,
+) -> MaxSimPackedCorpus: ...
+@overload
+def maxsim_packed_corpus(
+    queries: Union[MaxSimPackedMatrix, Sequence[MaxSimPackedMatrix]],
+    corpus: MaxSimPackedCorpus,
+    /,
+    *,
+    top_k: None = None,
+    threads: Union[int, None] = None,
+    capabilities: Union[Capability, int, None] = ...,
+    stream: Union[int, None] = ...,
+) -> npt.NDArray[np.float64]: ...
+@overload
+def maxsim_packed_corpus(
+    queries: Union[MaxSimPackedMatrix, Sequence[MaxSimPackedMatrix]],
+    corpus: MaxSimPackedCorpus,
+    /,
+    *,
+    top_k: int,
+    threads: Union[int, None] = None,
+    capabilities: Union[Capability, int, None] = ...,
+    stream: Union[int, None] = ...,
+) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]: ...

@@ -13,7 +13,7 @@ cdef class MaxSimPackedCorpus:
 
     def __cinit__(self):
         self.data = NULL
-        self._owns_data = False
+        self.owns_data = False
         self._has_view = False
 
     def __init__(self, *args, **kwargs):
@@ -22,7 +22,7 @@ cdef class MaxSimPackedCorpus:
     def __dealloc__(self):
         if self._has_view:
             PyBuffer_Release(&self._view)
-        if self._owns_data:
+        if self.owns_data:
             free(self.data)
 
     @classmethod
@@ -134,7 +134,7 @@ cdef MaxSimPackedCorpus _wrap_corpus(object data):
             raise MemoryError(f"cannot allocate {corpus.nbytes} bytes for a packed corpus")
         memcpy(copy, corpus._view.buf, <size_t>corpus.nbytes)
         corpus.data = copy
-        corpus._owns_data = True
+        corpus.owns_data = True
         PyBuffer_Release(&corpus._view)
         corpus._has_view = False
     with nogil:
@@ -208,7 +208,7 @@ def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, capabilities=N
         raise MemoryError(f"cannot allocate {nbytes} bytes for a packed corpus")
     cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
     corpus.data = data
-    corpus._owns_data = True
+    corpus.owns_data = True
     corpus.nbytes = nbytes
     nk_corpus_init(&lengths[0], lengths.shape[0], depth, code, mask, data, nbytes)
     cdef uint64_t index, capacity

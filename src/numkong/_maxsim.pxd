@@ -73,7 +73,7 @@ cdef class MaxSimPackedCorpus:
     # The corpus bytes: an owned 64-byte aligned allocation, or a read-only view of another object
     # (a memory-mapped file, an out-of-band pickle buffer) kept alive through `_view`.
     cdef void *data
-    cdef bint _owns_data
+    cdef readonly bint owns_data  # False when viewing a memory map or another object's buffer
     cdef bint _has_view
     cdef Py_buffer _view
     cdef readonly uint64_t documents

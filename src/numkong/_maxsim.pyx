@@ -180,7 +180,7 @@ def _as_matrix(obj, role):
                          f"{obj.shape}; reshape a single vector with x[None, :]")
     if obj.shape[1] == 0:
         raise ValueError(f"{role} has depth 0; each vector needs at least one dimension")
-    if obj.shape[1] > 1 and obj.strides[1] != obj.itemsize:
+    if obj.shape[0] and obj.shape[1] > 1 and obj.strides[1] != obj.itemsize:
         raise ValueError(f"{role} rows are not contiguous along depth (strides {obj.strides}); packing fuses no "
                          f"transposition, so pass np.ascontiguousarray({role}) of shape [vectors, depth]")
     return obj

@@ -1,0 +1,204 @@
+"""Packed corpora: layout, persistence, batched scoring, top-k, threads, distribution, bad input."""
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import numkong as nk
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAMILIES = [c for c in nk.Capability if c & nk.get_capabilities()]
+
+
+def _documents(count=40, depth=64, low=1, high=90, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((int(n), depth)).astype(dtype) for n in rng.integers(low, high, count)]
+
+
+@pytest.fixture(scope="module")
+def corpus_case():
+    documents = _documents()
+    rng = np.random.default_rng(1)
+    query = nk.maxsim_pack(rng.standard_normal((32, 64)).astype(np.float32))
+    return documents, query, nk.maxsim_pack_corpus(documents)
+
+
+def test_layout_attributes(corpus_case):
+    documents, _, corpus = corpus_case
+    lengths = [len(d) for d in documents]
+    assert len(corpus) == corpus.documents == len(documents)
+    assert corpus.lengths.tolist() == lengths
+    assert corpus.total_vectors == sum(lengths)
+    assert corpus.depth == 64 and corpus.dtype == "float32"
+    assert corpus.nbytes == nk.MaxSimPackedCorpus.pack_size(lengths, 64, dtype="float32")
+    assert memoryview(corpus).nbytes == corpus.nbytes and memoryview(corpus).readonly
+    assert "documents=40" in repr(corpus) and "float32" in repr(corpus)
+    # No padding to the longest document: bytes grow with the total row count, not documents x max length.
+    padded = nk.MaxSimPackedCorpus.pack_size([max(lengths)] * len(lengths), 64, dtype="float32")
+    assert corpus.nbytes < 0.75 * padded
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda c: c.name.lower())
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "e4m3", "float64"])
+def test_scores_equal_pairwise_maxsim_packed(family, dtype):
+    documents = _documents(count=25, depth=33, seed=3)
+    rng = np.random.default_rng(4)
+    query = nk.maxsim_pack(rng.standard_normal((7, 33)), dtype=dtype)
+    corpus = nk.maxsim_pack_corpus(documents, dtype=dtype)
+    scores = nk.maxsim_packed_corpus(query, corpus, capabilities=family, threads=2)
+    expected = [nk.maxsim_packed(query, nk.maxsim_pack(d, dtype=dtype), capabilities=family) for d in documents]
+    assert scores.dtype == np.float64 and scores.shape == (25,)
+    assert scores.tolist() == expected  # bit-identical, not approximately equal
+
+
+def test_flat_tokens_with_offsets_equal_list(corpus_case):
+    documents, query, corpus = corpus_case
+    offsets = np.cumsum([0] + [len(d) for d in documents])
+    flat = nk.maxsim_pack_corpus(np.concatenate(documents), offsets=offsets)
+    assert bytes(memoryview(flat)) == bytes(memoryview(corpus))
+
+
+def test_several_queries_give_2d(corpus_case):
+    documents, query, corpus = corpus_case
+    other = nk.maxsim_pack(np.random.default_rng(9).standard_normal((5, 64)).astype(np.float32))
+    scores = nk.maxsim_packed_corpus([query, other], corpus)
+    assert scores.shape == (2, len(documents))
+    assert scores[0].tolist() == nk.maxsim_packed_corpus(query, corpus).tolist()
+    assert scores[1].tolist() == nk.maxsim_packed_corpus(other, corpus).tolist()
+    indices, best = nk.maxsim_packed_corpus([query, other], corpus, top_k=4)
+    assert indices.shape == best.shape == (2, 4)
+
+
+def test_top_k_best_first_ties_by_index():
+    rng = np.random.default_rng(5)
+    base = [rng.standard_normal((3, 16)).astype(np.float32) for _ in range(4)]
+    documents = [base[0], base[1], base[0], base[2], base[0].copy(), base[3]]  # documents 0, 2, 4 tie
+    query = nk.maxsim_pack(base[0][:2])
+    corpus = nk.maxsim_pack_corpus(documents)
+    scores = nk.maxsim_packed_corpus(query, corpus)
+    indices, best = nk.maxsim_packed_corpus(query, corpus, top_k=4)
+    assert indices[:3].tolist() == [0, 2, 4]
+    assert best.tolist() == sorted(scores.tolist())[:4]
+    assert np.all(np.diff(best) >= 0)
+    full, _ = nk.maxsim_packed_corpus(query, corpus, top_k=len(documents))
+    assert sorted(full.tolist()) == list(range(len(documents)))
+
+
+def test_results_independent_of_thread_count(corpus_case):
+    _, query, corpus = corpus_case
+    reference = nk.maxsim_packed_corpus(query, corpus, threads=1)
+    for threads in (2, 3, 64):
+        assert nk.maxsim_packed_corpus(query, corpus, threads=threads).tolist() == reference.tolist()
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_pickle_round_trip(corpus_case, protocol):
+    _, query, corpus = corpus_case
+    loaded = pickle.loads(pickle.dumps(corpus, protocol=protocol))
+    assert bytes(memoryview(loaded)) == bytes(memoryview(corpus))
+    assert nk.maxsim_packed_corpus(query, loaded).tolist() == nk.maxsim_packed_corpus(query, corpus).tolist()
+
+
+def test_pickle_protocol5_buffer_is_out_of_band_and_not_copied(corpus_case):
+    _, _, corpus = corpus_case
+    buffers = []
+    stream = pickle.dumps(corpus, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == 1 and len(stream) < 1024  # the payload is not in the stream
+    raw = buffers[0].raw()
+    assert np.shares_memory(np.frombuffer(raw, np.uint8), np.frombuffer(memoryview(corpus), np.uint8))
+    # Loading from an aligned out-of-band buffer views it instead of copying.
+    aligned = np.frombuffer(memoryview(corpus), np.uint8)
+    loaded = pickle.loads(stream, buffers=[aligned])
+    assert not loaded.owns_data
+    assert np.shares_memory(np.frombuffer(memoryview(loaded), np.uint8), aligned)
+
+
+def test_save_and_memory_map(tmp_path, corpus_case):
+    _, query, corpus = corpus_case
+    path = tmp_path / "corpus.nkc"
+    corpus.save(path)
+    mapped = nk.MaxSimPackedCorpus.load(path)
+    assert not mapped.owns_data  # a view of the memory map, not a copy
+    in_memory = nk.MaxSimPackedCorpus.load(path, mmap=False)
+    expected = nk.maxsim_packed_corpus(query, corpus).tolist()
+    assert nk.maxsim_packed_corpus(query, mapped).tolist() == expected
+    assert nk.maxsim_packed_corpus(query, in_memory).tolist() == expected
+
+
+@pytest.mark.parametrize("damage", ["magic", "documents", "table_offset", "length", "value_nan", "screen",
+                                    "truncate", "extend", "empty"])
+def test_corrupt_files_are_clear_errors(tmp_path, corpus_case, damage):
+    _, _, corpus = corpus_case
+    data = bytearray(memoryview(corpus))
+    first_document = int.from_bytes(data[128:136], "little")
+    if damage == "magic":
+        data[0] ^= 0xFF
+    elif damage == "documents":
+        data[24:32] = (10 ** 12).to_bytes(8, "little")
+    elif damage == "table_offset":
+        data[136 + 8:136 + 16] = (5).to_bytes(8, "little")  # document 1's offset
+    elif damage == "length":
+        data[136:144] = (10 ** 15).to_bytes(8, "little")  # document 0's row count
+    elif damage == "value_nan":
+        data[first_document + 128:first_document + 132] = np.array([np.nan], np.float32).tobytes()
+    elif damage == "screen":
+        errors_offset = int.from_bytes(data[first_document + 80:first_document + 88], "little")
+        data[first_document + errors_offset + 2] ^= 0x40  # document 0's first screening error bound
+    elif damage == "truncate":
+        data = data[:-64]
+    elif damage == "extend":
+        data += bytes(64)
+    elif damage == "empty":
+        data = bytearray()
+    path = tmp_path / "bad.nkc"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="corrupt packed corpus"):
+        nk.MaxSimPackedCorpus.load(path)
+    stream = pickle.dumps(corpus, protocol=5, buffer_callback=lambda buffer: None)
+    with pytest.raises(ValueError, match="corrupt packed corpus"):
+        pickle.loads(stream, buffers=[bytes(data)])
+
+
+def test_bad_input():
+    documents = _documents(count=3, depth=8)
+    corpus = nk.maxsim_pack_corpus(documents)
+    query = nk.maxsim_pack(documents[0])
+    with pytest.raises(ValueError, match="document 1 has depth 9 but document 0 has depth 8"):
+        nk.maxsim_pack_corpus([documents[0], np.ones((2, 9), np.float32)])
+    with pytest.raises(ValueError, match="no documents"):
+        nk.maxsim_pack_corpus([])
+    with pytest.raises(ValueError, match="document 1 has no rows"):
+        nk.maxsim_pack_corpus([documents[0], np.ones((0, 8), np.float32)])
+    with pytest.raises(ValueError, match="offsets"):
+        nk.maxsim_pack_corpus(np.ones((5, 8), np.float32), offsets=[0, 2, 4])
+    with pytest.raises(ValueError, match="row 2 contains NaN"):
+        nk.maxsim_pack_corpus([documents[0], np.array([[1.0] * 8, [2.0] * 8, [np.nan] * 8], np.float32)])
+    for top_k in (0, -1, 4):
+        with pytest.raises(ValueError, match="top_k must be between 1 and the corpus's 3 documents"):
+            nk.maxsim_packed_corpus(query, corpus, top_k=top_k)
+    with pytest.raises(TypeError, match="top_k"):
+        nk.maxsim_packed_corpus(query, corpus, top_k=1.5)
+    for threads in (0, -2):
+        with pytest.raises(ValueError, match="threads must be at least 1"):
+            nk.maxsim_packed_corpus(query, corpus, threads=threads)
+    with pytest.raises(TypeError, match="queries were packed as bfloat16 but the corpus as float32"):
+        nk.maxsim_packed_corpus(nk.maxsim_pack(documents[0], dtype="bf16"), corpus)
+    with pytest.raises(ValueError, match="depth"):
+        nk.maxsim_packed_corpus(nk.maxsim_pack(np.ones((2, 9), np.float32)), corpus)
+    with pytest.raises(TypeError, match="MaxSimPackedMatrix"):
+        nk.maxsim_packed_corpus(documents[0], corpus)
+    with pytest.raises(ValueError, match="stream"):
+        nk.maxsim_packed_corpus(query, corpus, stream=1)
+    with pytest.raises(TypeError):
+        nk.MaxSimPackedCorpus()
+
+
+def test_dask_sharded_top_k_equals_single_process():
+    pytest.importorskip("dask.distributed")
+    run = subprocess.run([sys.executable, os.path.join(HERE, "..", "tools", "dask_topk.py")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "distributed top-10" in run.stdout
