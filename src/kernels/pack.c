@@ -227,6 +227,28 @@ static int nk_derive_all(nk_maxsim_header_t const *h, char *base, int verify) {
     return 1;
 }
 
+/* Whether element k holds a finite value of its format: not NaN/inf, and none of the bit patterns
+ * the decoder would misread (the e4m3 NaN encoding, the unused top bits of fp6 bytes). */
+static int nk_element_is_finite(int dtype, void const *row, uint64_t k) {
+    switch (dtype) {
+    case nk_dtype_e4m3_k: return (((uint8_t const *)row)[k] & 0x7Fu) != 0x7Fu;
+    case nk_dtype_e2m3_k:
+    case nk_dtype_e3m2_k: return (((uint8_t const *)row)[k] & 0xC0u) == 0;
+    default: return isfinite(nk_decode(dtype, row, k));
+    }
+}
+
+static int nk_row_is_valid(int dtype, void const *row, uint64_t depth) {
+    double absmax = 0.0;
+    for (uint64_t k = 0; k < depth; ++k) {
+        if (!nk_element_is_finite(dtype, row, k)) return 0;
+        double x = fabs(nk_decode(dtype, row, k));
+        if (x > absmax) absmax = x;
+    }
+    /* float64 rows were brought into the safe range by the packer. */
+    return nk_row_scale_exponent(dtype, 0, absmax) == 0;
+}
+
 nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride, uint64_t vectors, uint64_t depth,
                            int dtype, uint64_t capabilities, void *out, uint64_t out_nbytes, uint64_t *bad_row) {
     nk_maxsim_header_t h;
@@ -247,12 +269,12 @@ nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride
         void *target_row = base + h.values_offset + row * depth * itemsize;
         double absmax = 0.0;
         for (uint64_t k = 0; k < depth; ++k) {
-            double x = nk_decode(source_dtype, source_row, k);
-            if (!isfinite(x)) {
+            if (!nk_element_is_finite(source_dtype, source_row, k)) {
                 if (bad_row) *bad_row = row;
                 return nk_error_nonfinite_k;
             }
-            if (fabs(x) > absmax) absmax = fabs(x);
+            double x = fabs(nk_decode(source_dtype, source_row, k));
+            if (x > absmax) absmax = x;
         }
         int shift = nk_row_scale_exponent(dtype, casting, absmax);
         if (!casting && shift == 0) memcpy(target_row, source_row, depth * itemsize);
@@ -261,24 +283,6 @@ nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride
     }
     nk_derive_all(&h, base, 0);
     return nk_ok_k;
-}
-
-/* Stored element bits that no packing produces: NaN/inf encodings, unused fp6 bits. */
-static int nk_row_is_valid(int dtype, void const *row, uint64_t depth) {
-    double absmax = 0.0;
-    for (uint64_t k = 0; k < depth; ++k) {
-        if (dtype == nk_dtype_e2m3_k || dtype == nk_dtype_e3m2_k) {
-            if (((uint8_t const *)row)[k] & 0xC0u) return 0;
-        }
-        else if (dtype == nk_dtype_e4m3_k) {
-            if ((((uint8_t const *)row)[k] & 0x7Fu) == 0x7Fu) return 0;
-        }
-        double x = nk_decode(dtype, row, k);
-        if (!isfinite(x)) return 0;
-        if (fabs(x) > absmax) absmax = fabs(x);
-    }
-    /* float64 rows were brought into the safe range by the packer. */
-    return nk_row_scale_exponent(dtype, 0, absmax) == 0;
 }
 
 /* Header, layout and stored values of untrusted bytes; fills *header. */

@@ -38,6 +38,7 @@ cdef class MaxSimPackedCorpus:
     @property
     def dtype(self):
         """Data type of the packed vectors (canonical name)."""
+        _require_packed(self.data, self)
         return _DTYPE_NAMES[self.dtype_code]
 
     @property
@@ -60,6 +61,8 @@ cdef class MaxSimPackedCorpus:
         return self.documents
 
     def __repr__(self):
+        if self.data == NULL:
+            return "MaxSimPackedCorpus(<empty: not built by maxsim_pack_corpus>)"
         return (f"MaxSimPackedCorpus(documents={self.documents}, total_vectors={self.total_vectors}, "
                 f"depth={self.depth}, dtype={self.dtype!r}, nbytes={self.nbytes})")
 
@@ -235,6 +238,7 @@ def maxsim_packed_corpus(queries, MaxSimPackedCorpus corpus not None, /, *, top_
     capabilities: defaults to the intersection of the masks that packed the corpus and the queries.
     """
     _check_stream(stream)
+    _require_packed(corpus.data, corpus)
     single = isinstance(queries, MaxSimPackedMatrix)
     query_list = [queries] if single else list(queries) if isinstance(queries, (list, tuple)) else None
     if query_list is None or not all(isinstance(q, MaxSimPackedMatrix) for q in query_list):
@@ -243,6 +247,7 @@ def maxsim_packed_corpus(queries, MaxSimPackedCorpus corpus not None, /, *, top_
     cdef uint64_t default = corpus.packed_capabilities & available
     cdef MaxSimPackedMatrix query
     for query in query_list:
+        _require_packed(query.data, query)
         if query.dtype_code != corpus.dtype_code:
             raise TypeError(f"queries were packed as {query.dtype} but the corpus as {corpus.dtype}; "
                             f"pack both with the same dtype")

@@ -239,13 +239,15 @@ cdef class MaxSimPackedMatrix:
     @property
     def dtype(self):
         """Data type of the packed vectors (canonical name, e.g. 'float32', 'bfloat16', 'e4m3')."""
+        _require_packed(self.data, self)
         return _DTYPE_NAMES[self.dtype_code]
 
     @property
     def shape(self):
         """(vectors, depth), read from the packed buffer header."""
         cdef nk_maxsim_info_t info
-        nk_maxsim_info(self.data, &info)
+        if self.data == NULL or nk_maxsim_info(self.data, &info) != nk_ok_k:
+            return (0, 0)
         return (info.vectors, info.depth)
 
     @property
@@ -254,6 +256,8 @@ cdef class MaxSimPackedMatrix:
         return Capability(self.packed_capabilities & _known_capabilities)
 
     def __repr__(self):
+        if self.data == NULL:
+            return "MaxSimPackedMatrix(<empty: not built by maxsim_pack>)"
         return (f"MaxSimPackedMatrix(vectors={self.vectors}, depth={self.depth}, dtype={self.dtype!r}, "
                 f"nbytes={self.nbytes})")
 
@@ -267,6 +271,13 @@ cdef class MaxSimPackedMatrix:
         if protocol >= 5:
             return (_load_packed, (pickle.PickleBuffer(self),))
         return (_load_packed, (bytes(memoryview(self)),))
+
+
+cdef int _require_packed(void *data, object owner) except -1:
+    """Objects made with __new__ (bypassing maxsim_pack) hold no buffer: refuse to use them."""
+    if data == NULL:
+        raise ValueError(f"this {type(owner).__name__} is empty (made without maxsim_pack); pack a matrix first")
+    return 0
 
 
 cdef int _export_bytes(object owner, Py_buffer *buffer, int flags, void *data, uint64_t nbytes,
@@ -409,6 +420,8 @@ cdef nk_status_t maxsim_packed_nogil(MaxSimPackedMatrix queries, MaxSimPackedMat
 cdef double _score(MaxSimPackedMatrix queries, MaxSimPackedMatrix documents, uint64_t mask) except? -1:
     cdef double result = 0.0
     cdef nk_status_t status
+    _require_packed(queries.data, queries)
+    _require_packed(documents.data, documents)
     if queries.dtype_code != documents.dtype_code:
         raise TypeError(f"queries were packed as {queries.dtype} but documents as {documents.dtype}; "
                         f"pack both with the same dtype")

@@ -1,0 +1,1 @@
+"""airspeed velocity benchmarks of numkong (see asv_bench/asv.conf.json)."""

@@ -1,0 +1,84 @@
+"""MaxSim packing and scoring across dtypes, shapes and kernel families.
+
+Shapes are queries x documents x depth. The `family` parameter runs over the kernel families this
+CPU supports, so the parameter grid is the same for every commit on one machine; a family that a
+commit did not compile (or that NUMKONG_DISABLE removed) is skipped.
+"""
+import sys
+
+import numpy as np
+
+import numkong as nk
+
+DTYPES = ["float32", "bfloat16", "float16", "e4m3"]
+SHAPES = ["32x180x128", "32x1024x128", "1024x1024x128", "32x512x768"]
+FAMILIES = [c.name.lower() for c in nk.Capability if nk.get_capabilities("cpu") & c]
+
+
+def family_names(mask):
+    return ", ".join(c.name.lower() for c in nk.Capability if mask & c)
+
+
+def operands(shape):
+    """Deterministic float32 (queries, documents) for a 'QxDxdepth' shape string."""
+    count_q, count_d, depth = map(int, shape.split("x"))
+    rng = np.random.default_rng([count_q, count_d, depth])
+    return (rng.standard_normal((count_q, depth), dtype=np.float32),
+            rng.standard_normal((count_d, depth), dtype=np.float32))
+
+
+def capability(family):
+    """The Capability for `family`, or NotImplementedError (asv: skipped) if this build lacks it."""
+    flag = nk.Capability[family.upper()]
+    if not nk.get_capabilities("available") & flag:
+        raise NotImplementedError(f"{family} is not available in this build")
+    return flag
+
+
+class Build:
+    """Which kernel families this run measures: a 1/0 table per family, and a line on stderr once."""
+
+    params = FAMILIES
+    param_names = ["family"]
+
+    def setup_cache(self):
+        available = nk.get_capabilities("available")
+        print(f"numkong {nk.__version__}: compiled {family_names(nk.get_capabilities('compiled'))}; "
+              f"active {family_names(available)}", file=sys.stderr)
+        return int(available)
+
+    def track_active(self, available, family):
+        return int(bool(available & nk.Capability[family.upper()]))
+
+    track_active.unit = "active"
+
+
+class Pack:
+    """maxsim_pack() of the document matrix from float32 (cast, norms, screening copy)."""
+
+    params = (DTYPES, SHAPES, FAMILIES)
+    param_names = ["dtype", "shape", "family"]
+    timeout = 300
+
+    def setup(self, dtype, shape, family):
+        self.flag = capability(family)
+        _, self.documents = operands(shape)
+
+    def time_pack(self, dtype, shape, family):
+        nk.maxsim_pack(self.documents, dtype=dtype, capabilities=self.flag)
+
+
+class Score:
+    """maxsim_packed() on pre-packed operands: the per-(query, document) cost of a reranker."""
+
+    params = (DTYPES, SHAPES, FAMILIES)
+    param_names = ["dtype", "shape", "family"]
+    timeout = 300
+
+    def setup(self, dtype, shape, family):
+        self.flag = capability(family)
+        self.queries, self.documents = (nk.maxsim_pack(m, dtype=dtype, capabilities=self.flag)
+                                        for m in operands(shape))
+
+    def time_score(self, dtype, shape, family):
+        nk.maxsim_packed(self.queries, self.documents, capabilities=self.flag)

@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Benchmark numkong's MaxSim against NumPy, torch, maxsim-cpu and (optionally) another numkong build.
+
+    python tools/bench.py [--quick] [--json PATH] [--families] [--anchor-python PATH/TO/python]
+
+Everything runs on one thread pinned to one CPU. For numkong the timed call is maxsim_packed() on
+pre-packed operands (what a reranker does per query and document); NumPy is matmul + max + sum on
+pre-normalized float32 rows; torch the same in its dtype; maxsim-cpu its maxsim_scores(), only at
+32 query rows of depth 128 (the ColBERT shape: other query counts and depths gave garbage scores).
+
+--anchor-python runs this same file as a worker (`--worker`) under another interpreter whose
+`numkong` is timed as a black box through the same public names (maxsim_pack / maxsim_packed);
+rounds alternate between ours and the anchor and the best of each is kept. A dtype the anchor does
+not handle shows as n/a.
+
+Accuracy is |score - reference| / reference, the reference being float64 MaxSim on the values as
+stored in the packing dtype (operands are handed over already in that dtype, so nothing is rounded
+twice). Ratios are time / time of ours: above 1 means slower than ours.
+"""
+import os
+
+for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+                  "NUMEXPR_NUM_THREADS"):
+    os.environ[_variable] = "1"
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+SHAPES = [(32, 180, 128), (32, 1024, 128), (1024, 1024, 128), (32, 512, 768)]  # queries, documents, depth
+DTYPES = ["float32", "bfloat16", "float16", "e4m3", "e5m2", "e2m3", "e3m2"]
+
+
+def per_call_seconds(function, target):
+    """Mean seconds per call of `function()` over a run of calls lasting at least `target` seconds."""
+    function()
+    calls = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(calls):
+            function()
+        elapsed = time.perf_counter() - start
+        if elapsed >= target:
+            return elapsed / calls
+        calls = max(2 * calls, int(calls * 1.2 * target / max(elapsed, 1e-9)))
+
+
+# ---- the worker: runs under the anchor's interpreter, needs only numpy and that numkong ----
+
+def _anchor_cast(nk, matrix, dtype):
+    """The float32 `matrix` (exactly representable in `dtype`) in a form the anchor packs as `dtype`."""
+    if dtype == "float32":
+        return matrix
+    if dtype == "float16":
+        return matrix.astype(np.float16)
+    return nk.astype(matrix, dtype)
+
+
+def worker():
+    """Answer JSON requests, one a line on stdin, with one JSON line each on stdout."""
+    import numkong as nk
+
+    packed = None
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            if request["op"] == "info":
+                capabilities = nk.get_capabilities() if hasattr(nk, "get_capabilities") else {}
+                reply = {"version": getattr(nk, "__version__", "?"),
+                         "capabilities": sorted(k for k, v in dict(capabilities).items() if v)}
+            elif request["op"] == "pack":
+                operands = [nk.maxsim_pack(_anchor_cast(nk, np.load(request[key]), request["dtype"]),
+                                           dtype=request["dtype"]) for key in ("queries", "documents")]
+                packed = operands
+                reply = {"score": float(nk.maxsim_packed(*operands)), "nbytes": [p.nbytes for p in operands]}
+            elif request["op"] == "time":
+                reply = {"seconds": per_call_seconds(lambda: nk.maxsim_packed(*packed), request["target"])}
+            else:
+                reply = {"error": f"unknown op {request['op']!r}"}
+        except Exception as error:  # reported as n/a by the caller
+            reply = {"error": f"{type(error).__name__}: {error}"}
+        print(json.dumps(reply), flush=True)
+
+
+class Anchor:
+    """A worker process under another interpreter; data goes through .npy files in a temp directory."""
+
+    def __init__(self, python):
+        self.folder = tempfile.TemporaryDirectory(prefix="nk_bench_")
+        self.process = subprocess.Popen([python, os.path.abspath(__file__), "--worker"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, cwd=self.folder.name)
+        self.info = self.ask(op="info")
+
+    def ask(self, **request):
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError("the anchor worker exited")
+        return json.loads(line)
+
+    def pack(self, queries, documents, dtype):
+        """Pack both operands (float32 arrays exact in `dtype`) in the worker; returns its reply."""
+        paths = {}
+        for name, matrix in (("queries", queries), ("documents", documents)):
+            paths[name] = os.path.join(self.folder.name, name + ".npy")
+            np.save(paths[name], np.ascontiguousarray(matrix, dtype=np.float32))
+        return self.ask(op="pack", dtype=dtype, **paths)
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+        self.folder.cleanup()
+
+
+# ---- the parent: ours, baselines, table ----
+
+def stored(matrix, dtype):
+    """`matrix` rounded to `dtype` (an ml_dtypes / NumPy array). For the narrow formats each row is first
+    scaled by a power of two to sit just under the format's maximum, as a quantizing user would."""
+    import ml_dtypes
+
+    target = np.dtype({"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
+                       "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
+                       "e2m3": ml_dtypes.float6_e2m3fn, "e3m2": ml_dtypes.float6_e3m2fn}[dtype])
+    if target.itemsize == 1:
+        largest = float(ml_dtypes.finfo(target).max)
+        exponents = np.floor(np.log2(largest / np.abs(matrix).max(axis=1, keepdims=True)))
+        matrix = matrix * np.exp2(exponents)
+    return matrix.astype(target)
+
+
+def unit_rows(matrix):
+    return matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+
+
+def reference(queries, documents):
+    """Float64 MaxSim: sum over query rows of min over document rows of max(0, 1 - cos)."""
+    best = (unit_rows(queries.astype(np.float64)) @ unit_rows(documents.astype(np.float64)).T).max(axis=1)
+    return float(np.maximum(0.0, 1.0 - best).sum())
+
+
+def baselines(queries, documents, dtype):
+    """{name: score function} for the other libraries that handle `dtype` (operands prepared up front)."""
+    found = {}
+    unit_q, unit_d = unit_rows(queries.astype(np.float32)), unit_rows(documents.astype(np.float32))
+    if dtype == "float32":
+        found["numpy"] = lambda: float(np.maximum(0.0, 1.0 - (unit_q @ unit_d.T).max(axis=1)).sum())
+    if dtype == "float32" and unit_q.shape == (32, 128):  # maxsim-cpu returns garbage for other shapes
+        with contextlib.suppress(ImportError):
+            import maxsim_cpu
+            batch = unit_d[None]
+            found["maxsim-cpu"] = lambda: len(unit_q) - float(maxsim_cpu.maxsim_scores(unit_q, batch)[0])
+    if dtype in ("float32", "bfloat16", "float16"):
+        with contextlib.suppress(ImportError):
+            import torch
+            torch.set_num_threads(1)
+            tq = torch.from_numpy(unit_q).to(getattr(torch, dtype))
+            td = torch.from_numpy(unit_d).to(getattr(torch, dtype))
+            found["torch"] = lambda: float((1 - (tq @ td.T).amax(dim=1).float()).clamp_min(0).sum())
+    return found
+
+
+def family_names(mask):
+    import numkong as nk
+    return ",".join(c.name.lower() for c in nk.Capability if mask & c)
+
+
+def packed_sizes(anchor, rows=1024):
+    """Packed bytes per row over raw bytes per row, for each dtype at depth 128 and 768."""
+    import numkong as nk
+    results = []
+    print(f"\nPacked bytes per row ({rows} rows; raw = depth x itemsize of the input format)")
+    print(f"{'dtype':<9} {'depth':>5} {'raw B':>7} {'ours B':>9} {'ratio':>6} {'anchor B':>9} {'ratio':>6}")
+    for dtype in DTYPES:
+        for depth in (128, 768):
+            raw = depth * stored(np.ones((1, 1)), dtype).itemsize
+            ours = nk.MaxSimPackedMatrix.pack_size(rows, depth, dtype=dtype) / rows
+            theirs = None
+            if anchor:
+                matrix = stored(np.random.default_rng(0).standard_normal((rows, depth)), dtype).astype(np.float32)
+                reply = anchor.pack(matrix, matrix, dtype)
+                theirs = reply["nbytes"][0] / rows if "nbytes" in reply else None
+            anchor_text = f"{theirs:>9.1f} {theirs / raw:>6.2f}" if theirs else f"{'n/a':>9} {'':>6}"
+            print(f"{dtype:<9} {depth:>5} {raw:>7} {ours:>9.1f} {ours / raw:>6.2f} {anchor_text}")
+            results.append({"dtype": dtype, "depth": depth, "raw": raw, "ours": ours, "anchor": theirs})
+    return results
+
+
+def implementations(queries, documents, dtype, families, anchor):
+    """{impl: (score, timer)} for one case, timer(target) giving seconds per call; (None, why) when n/a."""
+    import numkong as nk
+    packed = [nk.maxsim_pack(m, dtype=dtype) for m in (queries, documents)]
+    functions = {"numkong": lambda: nk.maxsim_packed(*packed)}
+    for family in families:
+        operands = [nk.maxsim_pack(m, dtype=dtype, capabilities=family) for m in (queries, documents)]
+        functions[f"numkong[{family.name.lower()}]"] = (
+            lambda p=operands, f=family: nk.maxsim_packed(*p, capabilities=f))
+    functions.update(baselines(queries, documents, dtype))
+    impls = {name: (f(), lambda target, f=f: per_call_seconds(f, target)) for name, f in functions.items()}
+    if anchor:
+        reply = anchor.pack(*(m.astype(np.float32) for m in (queries, documents)), dtype)
+        timer = lambda target: anchor.ask(op="time", target=target)["seconds"]  # noqa: E731
+        impls[f"numkong {anchor.info['version']}"] = (reply["score"], timer) if "score" in reply else (None, reply["error"])
+    return impls
+
+
+def run(args):
+    """Pin, print the families, time every case with interleaved rounds, print and save the table."""
+    import numkong as nk
+
+    if hasattr(os, "sched_setaffinity"):
+        cpu = args.cpu if args.cpu is not None else min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpu})  # the anchor worker, started later, inherits it
+        print(f"pinned to CPU {cpu}")
+    limits = contextlib.nullcontext()
+    with contextlib.suppress(ImportError):
+        from threadpoolctl import threadpool_limits
+        limits = threadpool_limits(1)
+
+    meta = {kind: family_names(nk.get_capabilities(kind)) for kind in ("compiled", "cpu", "available")}
+    meta["numkong"] = nk.__version__
+    print(f"numkong {nk.__version__}: compiled {meta['compiled']}; CPU {meta['cpu']}; active {meta['available']}")
+    anchor = Anchor(args.anchor_python) if args.anchor_python else None
+    if anchor:
+        meta["anchor"] = anchor.info
+        print(f"anchor numkong {anchor.info['version']}: {', '.join(anchor.info['capabilities'])}")
+    rounds, target = (2, 0.003) if args.quick else (args.rounds, args.target)
+    families = [c for c in nk.Capability if nk.get_capabilities("available") & c] if args.families else []
+
+    records = []
+    print(f"\n{'shape QxDxdepth':<16} {'dtype':<9} {'impl':<18} {'us':>11} {'GSO/s':>8} {'t/ours':>7} {'rel err':>9}")
+    with limits:
+        for shape in SHAPES:
+            count_q, count_d, depth = shape
+            rng = np.random.default_rng(list(shape))
+            raw_q = rng.standard_normal((count_q, depth), dtype=np.float32)
+            raw_d = rng.standard_normal((count_d, depth), dtype=np.float32)
+            label = "x".join(map(str, shape))
+            for dtype in DTYPES:
+                queries, documents = stored(raw_q, dtype), stored(raw_d, dtype)
+                expected = reference(queries, documents)
+                impls = implementations(queries, documents, dtype, families, anchor)
+                best = {name: float("inf") for name, (score, _) in impls.items() if score is not None}
+                for _ in range(rounds):  # interleaved: every implementation once per round, best kept
+                    for name in best:
+                        best[name] = min(best[name], impls[name][1](target))
+                for name, (score, timer) in impls.items():
+                    record = {"shape": list(shape), "dtype": dtype, "impl": name}
+                    if score is None:
+                        record["error"] = timer
+                        print(f"{label:<16} {dtype:<9} {name:<18} {'n/a':>11}")
+                    else:
+                        seconds = best[name]
+                        record.update(us=seconds * 1e6, gsops=2 * count_q * count_d * depth / seconds / 1e9,
+                                      ratio=seconds / best["numkong"], rel_error=abs(score - expected) / expected)
+                        print(f"{label:<16} {dtype:<9} {name:<18} {record['us']:>11.2f} {record['gsops']:>8.1f} "
+                              f"{record['ratio']:>7.2f} {record['rel_error']:>9.1e}")
+                    records.append(record)
+    sizes = packed_sizes(anchor)
+    if anchor:
+        anchor.close()
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump({"meta": meta, "results": records, "packed_bytes_per_row": sizes}, file, indent=1)
+        print(f"\nwrote {args.json}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--anchor-python", help="interpreter whose numkong is timed alongside ours")
+    parser.add_argument("--json", help="write every figure to this JSON file")
+    parser.add_argument("--quick", action="store_true", help="a short run: 2 rounds of 3 ms each")
+    parser.add_argument("--families", action="store_true", help="also time each available kernel family")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (best kept)")
+    parser.add_argument("--target", type=float, default=0.02, help="seconds of calls per timing")
+    parser.add_argument("--cpu", type=int, help="CPU to pin to (default: the first one allowed)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker()
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()
