@@ -6,10 +6,14 @@
  *      per iteration. Without VNNI, u8 x s8 products go through vpmaddubsw, which saturates int16
  *      for biased bytes (255 * 127 * 2), so the sign is moved onto the document operand instead:
  *      |q| (unsigned, <= 127) x sign(d, q) (signed, |.| <= 127) never exceeds 2 * 127 * 127.
- *   2. Certified bound per pair: estimate +- (e_q + slack + (1 + e_q) e_d); every document whose
- *      upper bound reaches the best lower bound (or the best exact cosine so far) is a candidate.
- *   3. Candidates are rescored exactly with a float64 dot product of the decoded stored values.
- * Documents are processed in blocks so all scratch lives in fixed stack buffers (no allocation).
+ *   2. Certified bound per pair, computed in the register block's epilogue: estimate +- (e_q +
+ *      slack + (1 + e_q) e_d); every document whose upper bound reaches the best lower bound (or
+ *      the best exact cosine so far) is a candidate, found 16 bounds per compare.
+ *   3. Candidates are rescored exactly with a float64 dot product of the decoded stored values,
+ *      highest upper bound first, skipping any whose bound falls below the best exact cosine.
+ * Documents are processed in blocks of NK_HASWELL_BLOCK rows and queries in super-groups whose
+ * prepared screening bytes fit a fixed buffer, so all scratch lives on the stack (~45 KB).
+ * Depths above NK_SCREEN_MAX_DEPTH skip screening and rescore every pair.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -17,7 +21,7 @@
 #include "maxsim_internal.h"
 
 /* Document rows per block: a multiple of 16 (whole screening tiles). */
-#define NK_HASWELL_BLOCK 256u
+#define NK_HASWELL_BLOCK 512u
 /* Prepared query screening bytes (signed + absolute copies), in int32 units: 32 KB. */
 #define NK_HASWELL_QBUF_INTS 8192u
 /* Query rows whose prepared bytes are kept while the document blocks stream past. */
@@ -62,31 +66,31 @@ static double nk_dot_f64(void const *a, void const *b, uint64_t n) {
     return nk_hsum_pd(_mm256_add_pd(s0, s1));
 }
 
-/* float32 x float32 is exact in float64, so widen first and FMA in float64. */
-NK_INLINE void nk_fma_ps_as_pd(__m256 a, __m256 b, __m256d *s0, __m256d *s1) {
-    *s0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)), _mm256_cvtps_pd(_mm256_castps256_ps128(b)), *s0);
-    *s1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)), _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1)),
-                          *s1);
-}
-
 /* A float32 product that is exact (few significant bits, no under/overflow): add it in float64. */
 NK_INLINE void nk_add_ps_as_pd(__m256 p, __m256d *s0, __m256d *s1) {
     *s0 = _mm256_add_pd(*s0, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
     *s1 = _mm256_add_pd(*s1, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
 }
 
+/* float32 x float32 is exact in float64: widen first, then FMA in float64. */
 static double nk_dot_f32(void const *a, void const *b, uint64_t n) {
     float const *x = (float const *)a, *y = (float const *)b;
     __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd(), s3 = _mm256_setzero_pd();
     uint64_t k = 0;
+    /* 4 floats per 128-bit load, widened straight from memory: no lane extraction. */
     for (; k + 16 <= n; k += 16) {
-        nk_fma_ps_as_pd(_mm256_loadu_ps(x + k), _mm256_loadu_ps(y + k), &s0, &s1);
-        nk_fma_ps_as_pd(_mm256_loadu_ps(x + k + 8), _mm256_loadu_ps(y + k + 8), &s2, &s3);
+        s0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k)), _mm256_cvtps_pd(_mm_loadu_ps(y + k)), s0);
+        s1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k + 4)), _mm256_cvtps_pd(_mm_loadu_ps(y + k + 4)), s1);
+        s2 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k + 8)), _mm256_cvtps_pd(_mm_loadu_ps(y + k + 8)), s2);
+        s3 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k + 12)), _mm256_cvtps_pd(_mm_loadu_ps(y + k + 12)), s3);
     }
-    for (; k + 8 <= n; k += 8) nk_fma_ps_as_pd(_mm256_loadu_ps(x + k), _mm256_loadu_ps(y + k), &s0, &s1);
+    for (; k + 4 <= n; k += 4)
+        s0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k)), _mm256_cvtps_pd(_mm_loadu_ps(y + k)), s0);
     if (k < n) {
-        __m256i mask = nk_lanes32(n - k);
-        nk_fma_ps_as_pd(_mm256_maskload_ps(x + k, mask), _mm256_maskload_ps(y + k, mask), &s2, &s3);
+        __m128i mask = _mm256_castsi256_si128(nk_lanes32(n - k));
+        __m256d tail_x = _mm256_cvtps_pd(_mm_maskload_ps(x + k, mask));
+        __m256d tail_y = _mm256_cvtps_pd(_mm_maskload_ps(y + k, mask));
+        s1 = _mm256_fmadd_pd(tail_x, tail_y, s1);
     }
     return nk_hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
 }
@@ -115,9 +119,11 @@ static double nk_dot_f16(void const *a, void const *b, uint64_t n) {
     return nk_hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
 }
 
-/* bfloat16 spans float32's range, so products may under/overflow in float32: multiply in float64. */
-NK_INLINE __m256 nk_bf16_to_ps(__m128i bits) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+/* bfloat16 spans float32's range, so products may under/overflow in float32: multiply in float64.
+ * Interleaving zeros below the 16 bits makes the float32 bit patterns in place (4 per register),
+ * and the 128-bit widening to float64 is cheaper than extracting 256-bit halves. */
+NK_INLINE __m256d nk_bf16x4_to_pd(__m128i bits4) {
+    return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), bits4)));
 }
 
 static double nk_dot_bf16(void const *a, void const *b, uint64_t n) {
@@ -125,43 +131,54 @@ static double nk_dot_bf16(void const *a, void const *b, uint64_t n) {
     __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd(), s3 = _mm256_setzero_pd();
     uint64_t k = 0;
     for (; k + 16 <= n; k += 16) {
-        nk_fma_ps_as_pd(nk_bf16_to_ps(_mm_loadu_si128((__m128i const *)(x + k))),
-                        nk_bf16_to_ps(_mm_loadu_si128((__m128i const *)(y + k))), &s0, &s1);
-        nk_fma_ps_as_pd(nk_bf16_to_ps(_mm_loadu_si128((__m128i const *)(x + k + 8))),
-                        nk_bf16_to_ps(_mm_loadu_si128((__m128i const *)(y + k + 8))), &s2, &s3);
+        __m128i x0 = _mm_loadu_si128((__m128i const *)(x + k)), y0 = _mm_loadu_si128((__m128i const *)(y + k));
+        __m128i x1 = _mm_loadu_si128((__m128i const *)(x + k + 8)), y1 = _mm_loadu_si128((__m128i const *)(y + k + 8));
+        s0 = _mm256_fmadd_pd(nk_bf16x4_to_pd(x0), nk_bf16x4_to_pd(y0), s0);
+        x0 = _mm_unpackhi_epi64(x0, x0), y0 = _mm_unpackhi_epi64(y0, y0);
+        s1 = _mm256_fmadd_pd(nk_bf16x4_to_pd(x0), nk_bf16x4_to_pd(y0), s1);
+        s2 = _mm256_fmadd_pd(nk_bf16x4_to_pd(x1), nk_bf16x4_to_pd(y1), s2);
+        x1 = _mm_unpackhi_epi64(x1, x1), y1 = _mm_unpackhi_epi64(y1, y1);
+        s3 = _mm256_fmadd_pd(nk_bf16x4_to_pd(x1), nk_bf16x4_to_pd(y1), s3);
     }
-    for (; k < n; k += 8) {
-        uint16_t xt[8] = {0}, yt[8] = {0};
-        uint64_t count = nk_min_u64(8, n - k);
+    for (; k < n; k += 4) {
+        uint16_t xt[4] = {0}, yt[4] = {0}; /* zero-padded tail: never reads past the row */
+        uint64_t count = nk_min_u64(4, n - k);
         memcpy(xt, x + k, count * 2), memcpy(yt, y + k, count * 2);
-        nk_fma_ps_as_pd(nk_bf16_to_ps(_mm_loadu_si128((__m128i const *)xt)),
-                        nk_bf16_to_ps(_mm_loadu_si128((__m128i const *)yt)), &s0, &s1);
+        s0 = _mm256_fmadd_pd(nk_bf16x4_to_pd(_mm_loadl_epi64((__m128i const *)xt)),
+                             nk_bf16x4_to_pd(_mm_loadl_epi64((__m128i const *)yt)), s0);
     }
     return nk_hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
 }
 
 /* 8 bytes of a 1-byte format -> 8 IEEE half bit patterns (the value divided by the format's
- * power-of-two half scale), as documented in maxsim_internal.h. */
-NK_INLINE __m128i nk_bytes_to_half_bits(__m128i bytes8, int dtype) {
-    __m128i b = _mm_cvtepu8_epi16(bytes8);
+ * power-of-two half scale, see maxsim_internal.h). Sign-extending the byte (after moving an fp6
+ * sign to bit 7) and shifting puts the sign at bit 15; the mask then clears the extended copies. */
+NK_INLINE __m128i nk_fp6_sign_to_bit7(__m128i bytes) {
+    /* keep the 6 value bits (as serial does), then a 16-bit shift by 2 moves nothing across bytes */
+    return _mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi8(0x3F)), 2);
+}
+
+NK_INLINE __m128i nk_bytes_to_half_bits(__m128i bytes, int dtype) {
     switch (dtype) {
-    case nk_dtype_e4m3_k:
-        return _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
-                            _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7));
-    case nk_dtype_e5m2_k: return _mm_slli_epi16(b, 8);
-    case nk_dtype_e2m3_k:
-        return _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x20)), 10),
-                            _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x1F)), 7));
-    default: /* e3m2 */
-        return _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x20)), 10),
-                            _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x1F)), 8));
+    case nk_dtype_e4m3_k: /* ((b & 0x80) << 8) | ((b & 0x7F) << 7) */
+        return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7), _mm_set1_epi16(-16385));
+    case nk_dtype_e5m2_k: /* b << 8 */
+        return _mm_unpacklo_epi8(_mm_setzero_si128(), bytes);
+    case nk_dtype_e2m3_k: /* ((b & 0x20) << 10) | ((b & 0x1F) << 7) */
+        return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(nk_fp6_sign_to_bit7(bytes)), 5),
+                             _mm_set1_epi16((short)0x8F80));
+    default: /* e3m2: ((b & 0x20) << 10) | ((b & 0x1F) << 8) */
+        return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(nk_fp6_sign_to_bit7(bytes)), 6),
+                             _mm_set1_epi16((short)0x9F00));
     }
 }
 
+/* 8 products of decoded values. Each factor has <= 4 significant bits and the product stays in
+ * float32's normal range, so the float32 product is exact. */
 NK_INLINE __m256 nk_bytes_product(uint8_t const *x, uint8_t const *y, int dtype) {
     __m256 fx = _mm256_cvtph_ps(nk_bytes_to_half_bits(_mm_loadl_epi64((__m128i const *)x), dtype));
     __m256 fy = _mm256_cvtph_ps(nk_bytes_to_half_bits(_mm_loadl_epi64((__m128i const *)y), dtype));
-    return _mm256_mul_ps(fx, fy); /* <= 8 significant bits each, normal range: exact */
+    return _mm256_mul_ps(fx, fy);
 }
 
 /* Dot product in half units; the caller multiplies by the (power of two) scale squared. */
@@ -174,7 +191,7 @@ NK_INLINE double nk_dot_bytes(void const *a, void const *b, uint64_t n, int dtyp
         nk_add_ps_as_pd(nk_bytes_product(x + k + 8, y + k + 8, dtype), &s2, &s3);
     }
     for (; k < n; k += 8) {
-        uint8_t xt[8] = {0}, yt[8] = {0}; /* byte 0 decodes to +0 in every format */
+        uint8_t xt[8] = {0}, yt[8] = {0}; /* zero-padded tail (byte 0 is +0 in every format) */
         uint64_t count = nk_min_u64(8, n - k);
         memcpy(xt, x + k, count), memcpy(yt, y + k, count);
         nk_add_ps_as_pd(nk_bytes_product(xt, yt, dtype), &s0, &s1);
@@ -237,80 +254,141 @@ static void nk_prepare_queries(nk_maxsim_view_t const *q, uint64_t row0, uint64_
     }
 }
 
+/* What the bound needs from a register-block group of query rows, and the running maximum of
+ * the lower bounds (lane-wise: a lower bound from any lane rules out the same documents). */
+typedef struct nk_group_bounds {
+    __m256 lower_max[NK_HASWELL_GROUP];
+    float scale[NK_HASWELL_GROUP], factor[NK_HASWELL_GROUP], offset[NK_HASWELL_GROUP];
+} nk_group_bounds_t;
+
+/* Tile shapes: all 16 rows, 9..15 rows (second half masked), 1..8 rows (first half only). */
+enum { nk_tile_full_k, nk_tile_upper_k, nk_tile_lower_k };
+
+/* Bounds of 8 document rows for query row r: estimate = s * scale_d * scale_q,
+ * radius = e_q + slack + (1 + e_q) e_d. Returns the upper bounds, raises the lower-bound maximum. */
+NK_INLINE __m256 nk_bound8(__m256i dots, __m256 scale_d, __m256 error_d, nk_group_bounds_t *bounds, int r,
+                           __m256 valid, int masked) {
+    __m256 partial = _mm256_mul_ps(_mm256_cvtepi32_ps(dots), scale_d);
+    __m256 radius = _mm256_fmadd_ps(_mm256_set1_ps(bounds->factor[r]), error_d, _mm256_set1_ps(bounds->offset[r]));
+    __m256 scale_q = _mm256_set1_ps(bounds->scale[r]);
+    __m256 lower = _mm256_fmsub_ps(partial, scale_q, radius), upper = _mm256_fmadd_ps(partial, scale_q, radius);
+    if (masked) { /* lanes past the last document can never be candidates */
+        __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+        lower = _mm256_blendv_ps(minus_inf, lower, valid);
+        upper = _mm256_blendv_ps(minus_inf, upper, valid);
+    }
+    bounds->lower_max[r] = _mm256_max_ps(bounds->lower_max[r], lower);
+    return upper;
+}
+
 /* One register block: `rows` (1..4) prepared query rows x one tile of `n` document rows, over
- * `groups` depth groups starting at `tile` (already offset to the first group). Writes (or adds)
- * 16 int32 dot products per query row at out[r * NK_HASWELL_BLOCK + 0..15]; lanes >= n are junk.
- * `full` (n == 16) is a compile-time constant at every call site so both variants stay lean. */
-NK_INLINE void nk_screen_tile(int rows, int full, int32_t const *prepared, uint8_t const *tile, uint64_t n,
-                              uint64_t groups, int32_t *out, int accumulate) {
+ * `groups` depth groups starting at `tile` (already offset to the first group).
+ * Sums the int32 screening dots (adding to the partial sums kept in `out` when `accumulate`);
+ * when `finish`, turns them into float upper bounds instead (-inf for lanes >= n) and raises the
+ * group's lower-bound maximum. Row r of the block lives at out[r * NK_HASWELL_BLOCK + 0..15];
+ * partial int32 sums only ever pass through vector loads and stores, which may alias anything.
+ * `rows` and `shape` are compile-time constants at every call site, so each variant stays lean. */
+NK_INLINE void nk_screen_tile(int rows, int shape, int32_t const *prepared, uint8_t const *tile, uint64_t n,
+                              uint64_t groups, float *out, int accumulate, int finish, float const *scales_d,
+                              float const *errors_d, nk_group_bounds_t *bounds) {
     __m256i const bias = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     __m256i acc[NK_HASWELL_GROUP][2];
 #pragma GCC unroll 4
     for (int r = 0; r < rows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    uint64_t stride = full ? 64 : 4 * n; /* bytes per depth group inside the tile */
-    __m256i mask_low = _mm256_setzero_si256(), mask_high = _mm256_setzero_si256();
-    if (!full) { /* rows 0..7 in the first 32 bytes, rows 8..n-1 after them */
-        mask_low = nk_lanes32(n < 8 ? n : 8);
-        mask_high = nk_lanes32(n > 8 ? n - 8 : 0);
-    }
+    uint64_t stride = shape == nk_tile_full_k ? 64 : 4 * n; /* bytes per depth group inside the tile */
+    /* Rows 0..7 are the first 32 bytes of a group, rows 8..n-1 follow: mask what is not there. */
+    __m256i const mask = nk_lanes32(shape == nk_tile_upper_k ? n - 8 : n);
+#pragma GCC unroll 2
     for (uint64_t g = 0; g < groups; ++g, tile += stride, prepared += 8) {
-        __m256i d0, d1;
-        if (full) {
-            d0 = _mm256_loadu_si256((__m256i const *)tile);
-            d1 = _mm256_loadu_si256((__m256i const *)(tile + 32));
-        }
-        else {
-            d0 = _mm256_maskload_epi32((int const *)tile, mask_low);
-            d1 = _mm256_maskload_epi32((int const *)(tile + 32), mask_high);
-        }
+        __m256i d0, d1 = _mm256_setzero_si256();
+        if (shape == nk_tile_lower_k) d0 = _mm256_maskload_epi32((int const *)tile, mask);
+        else d0 = _mm256_loadu_si256((__m256i const *)tile);
+        if (shape == nk_tile_full_k) d1 = _mm256_loadu_si256((__m256i const *)(tile + 32));
+        if (shape == nk_tile_upper_k) d1 = _mm256_maskload_epi32((int const *)(tile + 32), mask);
         d0 = _mm256_xor_si256(d0, bias);
         d1 = _mm256_xor_si256(d1, bias);
 #pragma GCC unroll 4
         for (int r = 0; r < rows; ++r) {
             __m256i q_signed = _mm256_set1_epi32(prepared[r]), q_abs = _mm256_set1_epi32(prepared[4 + r]);
-            __m256i p0 = _mm256_maddubs_epi16(q_abs, _mm256_sign_epi8(d0, q_signed));
-            __m256i p1 = _mm256_maddubs_epi16(q_abs, _mm256_sign_epi8(d1, q_signed));
-            acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(p0, ones));
-            acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(p1, ones));
+            acc[r][0] = _mm256_add_epi32(
+                acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(q_abs, _mm256_sign_epi8(d0, q_signed)), ones));
+            if (shape != nk_tile_lower_k)
+                acc[r][1] = _mm256_add_epi32(
+                    acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(q_abs, _mm256_sign_epi8(d1, q_signed)), ones));
         }
     }
+
+    __m256 scale0 = _mm256_setzero_ps(), scale1 = _mm256_setzero_ps(), error0 = scale0, error1 = scale0;
+    if (finish) { /* per-document bound inputs, masked like the screening bytes */
+        if (shape == nk_tile_lower_k) {
+            scale0 = _mm256_maskload_ps(scales_d, mask), error0 = _mm256_maskload_ps(errors_d, mask);
+        }
+        else {
+            scale0 = _mm256_loadu_ps(scales_d), error0 = _mm256_loadu_ps(errors_d);
+            if (shape == nk_tile_full_k)
+                scale1 = _mm256_loadu_ps(scales_d + 8), error1 = _mm256_loadu_ps(errors_d + 8);
+            else
+                scale1 = _mm256_maskload_ps(scales_d + 8, mask), error1 = _mm256_maskload_ps(errors_d + 8, mask);
+        }
+    }
+    __m256 const valid = _mm256_castsi256_ps(mask);
 #pragma GCC unroll 4
     for (int r = 0; r < rows; ++r) {
-        __m256i *target = (__m256i *)(out + r * NK_HASWELL_BLOCK);
+        float *target = out + (size_t)r * NK_HASWELL_BLOCK;
         if (accumulate) {
-            acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_loadu_si256(target));
-            acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_loadu_si256(target + 1));
+            acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_loadu_si256((__m256i const *)target));
+            acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_loadu_si256((__m256i const *)(target + 8)));
         }
-        _mm256_storeu_si256(target, acc[r][0]);
-        _mm256_storeu_si256(target + 1, acc[r][1]);
+        if (!finish) {
+            _mm256_storeu_si256((__m256i *)target, acc[r][0]);
+            _mm256_storeu_si256((__m256i *)(target + 8), acc[r][1]);
+            continue;
+        }
+        __m256 upper0 = nk_bound8(acc[r][0], scale0, error0, bounds, r, valid, shape == nk_tile_lower_k);
+        __m256 upper1 = _mm256_set1_ps(-INFINITY);
+        if (shape != nk_tile_lower_k)
+            upper1 = nk_bound8(acc[r][1], scale1, error1, bounds, r, valid, shape == nk_tile_upper_k);
+        _mm256_storeu_ps(target, upper0); /* same slot, same width: bound j replaces dot j */
+        _mm256_storeu_ps(target + 8, upper1);
     }
 }
 
 /* Screen `rows` prepared query rows against document rows [j0, j0 + count) (j0 % 16 == 0) over
- * depth groups [g0, g0 + groups): out[r * NK_HASWELL_BLOCK + (j - j0)]. */
+ * depth groups [g0, g0 + groups), into out[r * NK_HASWELL_BLOCK + (j - j0)] (see nk_screen_tile). */
 NK_INLINE void nk_screen_block_rows(int rows, int32_t const *prepared, nk_maxsim_view_t const *d, uint64_t j0,
-                                    uint64_t count, uint64_t g0, uint64_t groups, int32_t *out, int accumulate) {
+                                    uint64_t count, uint64_t g0, uint64_t groups, float *out, int accumulate,
+                                    int finish, nk_group_bounds_t *bounds) {
     uint64_t first_tile = j0 / NK_SCREEN_TILE, tiles = (count + NK_SCREEN_TILE - 1) / NK_SCREEN_TILE;
     for (uint64_t t = 0; t < tiles; ++t) {
-        uint64_t tile = first_tile + t;
-        uint64_t n = nk_min_u64(NK_SCREEN_TILE, d->vectors - tile * NK_SCREEN_TILE);
-        uint8_t const *start = d->screen + tile * NK_SCREEN_TILE * d->screen_depth + g0 * 4 * n;
-        if (n == NK_SCREEN_TILE) nk_screen_tile(rows, 1, prepared, start, n, groups, out + t * 16, accumulate);
-        else nk_screen_tile(rows, 0, prepared, start, n, groups, out + t * 16, accumulate);
+        uint64_t tile = first_tile + t, first_row = tile * NK_SCREEN_TILE;
+        uint64_t n = nk_min_u64(NK_SCREEN_TILE, d->vectors - first_row);
+        uint8_t const *start = d->screen + first_row * d->screen_depth + g0 * 4 * n;
+        float *target = out + t * NK_SCREEN_TILE;
+        float const *scales = d->screen_scales + first_row, *errors = d->screen_errors + first_row;
+        if (n == NK_SCREEN_TILE)
+            nk_screen_tile(rows, nk_tile_full_k, prepared, start, n, groups, target, accumulate, finish, scales, errors,
+                           bounds);
+        else if (n > 8)
+            nk_screen_tile(rows, nk_tile_upper_k, prepared, start, n, groups, target, accumulate, finish, scales,
+                           errors, bounds);
+        else
+            nk_screen_tile(rows, nk_tile_lower_k, prepared, start, n, groups, target, accumulate, finish, scales,
+                           errors, bounds);
     }
 }
 
 static void nk_screen_block(int rows, int32_t const *prepared, nk_maxsim_view_t const *d, uint64_t j0, uint64_t count,
-                            uint64_t g0, uint64_t groups, int32_t *out, int accumulate) {
+                            uint64_t g0, uint64_t groups, float *out, int accumulate, int finish,
+                            nk_group_bounds_t *bounds) {
     switch (rows) { /* one specialization per register-block height */
-    case 1: nk_screen_block_rows(1, prepared, d, j0, count, g0, groups, out, accumulate); break;
-    case 2: nk_screen_block_rows(2, prepared, d, j0, count, g0, groups, out, accumulate); break;
-    case 3: nk_screen_block_rows(3, prepared, d, j0, count, g0, groups, out, accumulate); break;
-    default: nk_screen_block_rows(4, prepared, d, j0, count, g0, groups, out, accumulate); break;
+    case 1: nk_screen_block_rows(1, prepared, d, j0, count, g0, groups, out, accumulate, finish, bounds); break;
+    case 2: nk_screen_block_rows(2, prepared, d, j0, count, g0, groups, out, accumulate, finish, bounds); break;
+    case 3: nk_screen_block_rows(3, prepared, d, j0, count, g0, groups, out, accumulate, finish, bounds); break;
+    default: nk_screen_block_rows(4, prepared, d, j0, count, g0, groups, out, accumulate, finish, bounds); break;
     }
 }
 
-/* ---- Bound, candidates, exact rescoring. ---- */
+/* ---- Candidates and exact rescoring. ---- */
 
 static inline float nk_hmax_ps(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -346,56 +424,53 @@ static inline double nk_exact_cos(nk_rescore_t const *ctx, uint64_t i, void cons
     return dot * ctx->q->inv_norms[i] * inv_d;
 }
 
-/* Query row i against document rows [j0, j0 + count) whose screening dots are in `dots` (reused
- * as float scratch for the upper bounds): rescore every candidate and raise *best. */
-static void nk_candidates(nk_rescore_t const *ctx, uint64_t i, int32_t *dots, uint64_t j0, uint64_t count,
-                          double *best) {
-    nk_maxsim_view_t const *q = ctx->q, *d = ctx->d;
-    float error_q = q->screen_errors[i];
-    __m256 const offset = _mm256_set1_ps(error_q + nk_screen_slack_k), factor = _mm256_set1_ps(1.0f + error_q);
-    __m256 const scale_q = _mm256_set1_ps(q->screen_scales[i]), minus_inf = _mm256_set1_ps(-INFINITY);
-    float const *scales_d = d->screen_scales + j0, *errors_d = d->screen_errors + j0;
-    float *upper = (float *)dots; /* same slot, same width: bound j overwrites dot j */
-    __m256 lower_max = minus_inf;
-    for (uint64_t j = 0; j < count; j += 8) {
-        __m256 scale_d, error_d;
-        int tail = j + 8 > count;
-        __m256i mask = _mm256_setzero_si256();
-        if (!tail) {
-            scale_d = _mm256_loadu_ps(scales_d + j);
-            error_d = _mm256_loadu_ps(errors_d + j);
-        }
-        else { /* the last rows of the matrix: never read past the sections */
-            mask = nk_lanes32(count - j);
-            scale_d = _mm256_maskload_ps(scales_d + j, mask);
-            error_d = _mm256_maskload_ps(errors_d + j, mask);
-        }
-        __m256 estimate = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((__m256i const *)(dots + j))),
-                                                      scale_q),
-                                        scale_d);
-        __m256 radius = _mm256_fmadd_ps(factor, error_d, offset);
-        __m256 lower = _mm256_sub_ps(estimate, radius), high = _mm256_add_ps(estimate, radius);
-        if (tail) { /* padded lanes can never be candidates */
-            lower = _mm256_blendv_ps(minus_inf, lower, _mm256_castsi256_ps(mask));
-            high = _mm256_blendv_ps(minus_inf, high, _mm256_castsi256_ps(mask));
-        }
-        lower_max = _mm256_max_ps(lower_max, lower);
-        _mm256_storeu_ps(upper + j, high);
-    }
-    float threshold = nk_hmax_ps(lower_max), from_best = nk_float_at_most(*best);
-    if (from_best > threshold) threshold = from_best;
+/* Candidate indices inside a block. */
+typedef uint16_t nk_block_index_t;
+_Static_assert(NK_HASWELL_BLOCK <= 65536 && NK_HASWELL_BLOCK % NK_SCREEN_TILE == 0, "block indices must fit");
+
+/* Below this many candidates, rescore them best-bound-first so the first exact cosine prunes the rest. */
+#define NK_HASWELL_ORDERED_CANDIDATES 16u
+
+/* Indices (within the block) of the rows whose upper bound reaches `threshold`. */
+static uint64_t nk_collect_candidates(float const *upper, uint64_t count, float threshold, nk_block_index_t *list) {
     __m256 const threshold_v = _mm256_set1_ps(threshold);
-    void const *q_row = (char const *)q->values + i * ctx->row_bytes;
-    double best_cos = *best;
-    for (uint64_t j = 0; j < count; j += 8) {
-        unsigned bits = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(upper + j), threshold_v, _CMP_GE_OQ));
+    uint64_t listed = 0;
+    for (uint64_t j = 0; j < count; j += 16) { /* 16 bounds per test (-inf padded): candidates are rare */
+        unsigned bits =
+            (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(upper + j), threshold_v, _CMP_GE_OQ)) |
+            (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(upper + j + 8), threshold_v, _CMP_GE_OQ)) << 8;
         while (bits) {
-            uint64_t jj = j0 + j + (uint64_t)__builtin_ctz(bits);
+            list[listed++] = (nk_block_index_t)(j + (uint64_t)__builtin_ctz(bits));
             bits &= bits - 1;
-            double cos = nk_exact_cos(ctx, i, q_row, jj);
+        }
+    }
+    return listed;
+}
+
+/* Rescore the listed candidates of query row i (upper bounds in `upper`) and raise *best.
+ * A candidate whose bound is below the best exact cosine so far cannot win. */
+static void nk_rescore_candidates(nk_rescore_t const *ctx, uint64_t i, float *upper, uint64_t j0,
+                                  nk_block_index_t const *list, uint64_t listed, double *best) {
+    void const *q_row = (char const *)ctx->q->values + i * ctx->row_bytes;
+    double best_cos = *best;
+    if (listed <= NK_HASWELL_ORDERED_CANDIDATES) {
+        for (;;) { /* highest upper bound first: its exact cosine usually rules out the rest */
+            uint64_t pick = 0;
+            float pick_bound = -INFINITY;
+            for (uint64_t c = 0; c < listed; ++c)
+                if (upper[list[c]] > pick_bound) pick_bound = upper[list[c]], pick = c;
+            if (pick_bound == -INFINITY || !(pick_bound >= nk_float_at_most(best_cos))) break;
+            upper[list[pick]] = -INFINITY;
+            double cos = nk_exact_cos(ctx, i, q_row, j0 + list[pick]);
             if (cos > best_cos) best_cos = cos;
         }
     }
+    else
+        for (uint64_t c = 0; c < listed; ++c) {
+            if (!(upper[list[c]] >= nk_float_at_most(best_cos))) continue;
+            double cos = nk_exact_cos(ctx, i, q_row, j0 + list[c]);
+            if (cos > best_cos) best_cos = cos;
+        }
     *best = best_cos;
 }
 
@@ -425,8 +500,10 @@ double nk_maxsim_haswell(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_haswell_exact(&ctx);
 
     int32_t prepared[NK_HASWELL_QBUF_INTS] __attribute__((aligned(32)));
-    int32_t dots[NK_HASWELL_GROUP * NK_HASWELL_BLOCK] __attribute__((aligned(32)));
+    float upper[NK_HASWELL_GROUP * NK_HASWELL_BLOCK] __attribute__((aligned(32))); /* or partial int32 dots */
     double best[NK_HASWELL_SUPER_ROWS];
+    nk_group_bounds_t bounds;
+    nk_block_index_t list[NK_HASWELL_BLOCK];
 
     /* Keep all prepared query rows of a super-group if they fit; otherwise one group at a time,
      * preparing and accumulating the depth in chunks that fit. */
@@ -458,20 +535,36 @@ double nk_maxsim_haswell(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
                 uint64_t first = row0 + gi * NK_HASWELL_GROUP;
                 int height = (int)nk_min_u64(NK_HASWELL_GROUP, q->vectors - first);
                 int live = 0; /* skip screening for groups of zero query rows */
-                for (int r = 0; r < height; ++r) live |= q->inv_norms[first + (uint64_t)r] != 0.0;
+                for (int r = 0; r < height; ++r) {
+                    float error_q = q->screen_errors[first + (uint64_t)r];
+                    bounds.lower_max[r] = _mm256_set1_ps(-INFINITY);
+                    bounds.scale[r] = q->screen_scales[first + (uint64_t)r];
+                    bounds.factor[r] = 1.0f + error_q;
+                    bounds.offset[r] = error_q + nk_screen_slack_k;
+                    live |= q->inv_norms[first + (uint64_t)r] != 0.0;
+                }
                 if (!live) continue;
                 if (!chunked)
-                    nk_screen_block(height, prepared + gi * group_ints, d, j0, count, 0, groups_total, dots, 0);
+                    nk_screen_block(height, prepared + gi * group_ints, d, j0, count, 0, groups_total, upper, 0, 1,
+                                    &bounds);
                 else
                     for (uint64_t g0 = 0; g0 < groups_total; g0 += chunk_groups) {
                         uint64_t g1 = nk_min_u64(groups_total, g0 + chunk_groups);
                         nk_prepare_queries(q, first, g0, g1, prepared);
-                        nk_screen_block(height, prepared, d, j0, count, g0, g1 - g0, dots, g0 != 0);
+                        nk_screen_block(height, prepared, d, j0, count, g0, g1 - g0, upper, g0 != 0,
+                                        g1 == groups_total, &bounds);
                     }
-                for (int r = 0; r < height; ++r)
-                    if (q->inv_norms[first + (uint64_t)r] != 0.0)
-                        nk_candidates(&ctx, first + (uint64_t)r, dots + (uint64_t)r * NK_HASWELL_BLOCK, j0, count,
-                                      &best[gi * NK_HASWELL_GROUP + (uint64_t)r]);
+                /* Threshold: the best lower bound, or the best exact cosine of earlier blocks. */
+                for (int r = 0; r < height; ++r) {
+                    uint64_t i = first + (uint64_t)r;
+                    if (q->inv_norms[i] == 0.0) continue;
+                    double *row_best = &best[i - row0];
+                    float *row_upper = upper + (uint64_t)r * NK_HASWELL_BLOCK;
+                    float threshold = nk_hmax_ps(bounds.lower_max[r]), from_best = nk_float_at_most(*row_best);
+                    if (from_best > threshold) threshold = from_best;
+                    uint64_t listed = nk_collect_candidates(row_upper, count, threshold, list);
+                    nk_rescore_candidates(&ctx, i, row_upper, j0, list, listed, row_best);
+                }
             }
         }
         for (uint64_t r = 0; r < rows; ++r)

@@ -1,4 +1,5 @@
 /* Packing, layout, validation and the derived sections (norms, screening copy). Baseline ISA. */
+#include <float.h>
 #include <math.h>
 
 #include "maxsim_internal.h"
@@ -115,6 +116,16 @@ static uint32_t nk_encode_minifloat(double value, nk_format_t f) {
     uint32_t sign = signbit(value) ? 1u << (f.exponent_bits + f.mantissa_bits) : 0u;
     double magnitude = fabs(value);
     if (magnitude == 0.0) return sign;
+    uint64_t bits;
+    memcpy(&bits, &magnitude, 8);
+    int64_t unbiased64 = (int64_t)(bits >> 52) - 1023;
+    if (unbiased64 >= 1 - f.bias) {
+        /* Normal result: round the 52-bit mantissa to nearest even in integer arithmetic; a carry
+         * moves into the exponent by itself. */
+        int drop = 52 - f.mantissa_bits;
+        uint64_t rounded = (bits + (((uint64_t)1 << (drop - 1)) - 1) + ((bits >> drop) & 1)) >> drop;
+        return sign | (uint32_t)(rounded - ((uint64_t)(1023 - f.bias) << f.mantissa_bits));
+    }
     int exponent;
     frexp(magnitude, &exponent); /* magnitude in [2^(exponent-1), 2^exponent) */
     int unbiased = exponent - 1, min_normal = 1 - f.bias;
@@ -129,17 +140,6 @@ static uint32_t nk_encode_minifloat(double value, nk_format_t f) {
     uint32_t biased = steps >= implicit ? (uint32_t)(unbiased + f.bias) : 0u;
     uint32_t mantissa = (uint32_t)(steps >= implicit ? steps - implicit : steps);
     return sign | (biased << f.mantissa_bits) | mantissa;
-}
-
-/* Store one value into element k of a row of `dtype`. */
-static void nk_store(int dtype, void *row, uint64_t k, double value) {
-    switch (dtype) {
-    case nk_dtype_float64_k: ((double *)row)[k] = value; break;
-    case nk_dtype_float32_k: ((float *)row)[k] = (float)value; break; /* C conversion rounds to nearest even */
-    case nk_dtype_float16_k:
-    case nk_dtype_bfloat16_k: ((uint16_t *)row)[k] = (uint16_t)nk_encode_minifloat(value, nk_format_of(dtype)); break;
-    default: ((uint8_t *)row)[k] = (uint8_t)nk_encode_minifloat(value, nk_format_of(dtype)); break;
-    }
 }
 
 /* Largest magnitudes whose products and norms stay safe in float64 accumulation. */
@@ -173,6 +173,31 @@ static int nk_row_scale_exponent(int dtype, int casting, double absmax) {
     }
 }
 
+/* Elements [start, start + count) of a row, decoded exactly to double (the switch outside the loop). */
+#define NK_SPAN 256
+static void nk_decode_span(int dtype, void const *row, uint64_t start, uint64_t count, double *out) {
+    uint8_t const *bytes = (uint8_t const *)row + start * nk_dtype_itemsize(dtype);
+    uint16_t const *halves = (uint16_t const *)bytes;
+    switch (dtype) {
+    case nk_dtype_float64_k: memcpy(out, bytes, count * sizeof(double)); break;
+    case nk_dtype_float32_k:
+        for (uint64_t i = 0; i < count; ++i) out[i] = ((float const *)bytes)[i];
+        break;
+    case nk_dtype_float16_k:
+        for (uint64_t i = 0; i < count; ++i) out[i] = nk_half_to_f32(halves[i]);
+        break;
+    case nk_dtype_bfloat16_k:
+        for (uint64_t i = 0; i < count; ++i) out[i] = nk_f32_from_bits((uint32_t)halves[i] << 16);
+        break;
+    default: /* 8- and 6-bit formats: a 256-entry table would need global state; decode per element */
+        for (uint64_t i = 0; i < count; ++i) out[i] = nk_decode(dtype, bytes, i);
+        break;
+    }
+}
+
+/* Round to nearest even for |x| < 2^51 without a libm call: adding 1.5 * 2^52 leaves no fraction bits. */
+static inline double nk_round_even(double x) { return (x + 6755399441055744.0) - 6755399441055744.0; }
+
 /* Write `bytes` of derived data, or (verify) compare them with what is stored; 0 on mismatch. */
 static int nk_put(void *target, void const *value, size_t bytes, int verify) {
     if (verify) return memcmp(target, value, bytes) == 0;
@@ -183,36 +208,55 @@ static int nk_put(void *target, void const *value, size_t bytes, int verify) {
 /* Derive inv_norms and the screening sections of one row from its stored values: written, or
  * (verify) compared bit for bit, which is how read-only buffers are trusted. 0 on mismatch. */
 static int nk_derive_row(nk_maxsim_header_t const *h, char *base, uint64_t row, int verify) {
-    size_t itemsize = nk_dtype_itemsize((int)h->dtype);
-    void const *values = base + h->values_offset + row * h->depth * itemsize;
-    double sum_squares = 0.0, absmax = 0.0;
-    for (uint64_t k = 0; k < h->depth; ++k) {
-        double x = nk_decode((int)h->dtype, values, k);
-        sum_squares += x * x;
-        if (fabs(x) > absmax) absmax = fabs(x);
+    int dtype = (int)h->dtype;
+    void const *values = base + h->values_offset + row * h->depth * nk_dtype_itemsize(dtype);
+    /* Spans are padded with zeros to a multiple of 4 and summed in 4 lanes, to break the
+     * dependency chain; the order is fixed, so packing and verification agree bit for bit. */
+    double span[NK_SPAN];
+    double squares[4] = {0.0, 0.0, 0.0, 0.0}, absmax = 0.0;
+    for (uint64_t start = 0; start < h->depth; start += NK_SPAN) {
+        uint64_t count = h->depth - start < NK_SPAN ? h->depth - start : NK_SPAN;
+        nk_decode_span(dtype, values, start, count, span);
+        for (uint64_t i = count; i % 4; ++i) span[i] = 0.0;
+        for (uint64_t i = 0; i < count; i += 4)
+            for (int j = 0; j < 4; ++j) {
+                squares[j] += span[i + j] * span[i + j];
+                absmax = fabs(span[i + j]) > absmax ? fabs(span[i + j]) : absmax;
+            }
     }
+    double sum_squares = (squares[0] + squares[1]) + (squares[2] + squares[3]);
     double inv_norm = sum_squares > 0.0 ? 1.0 / sqrt(sum_squares) : 0.0;
     int same = nk_put(base + h->inv_norms_offset + row * sizeof(double), &inv_norm, sizeof(double), verify);
 
-    /* int8 copy of the unit row: q = round(u * 127 / max|u|), step = max|u| / 127 as float32. */
+    /* int8 copy of the unit row: q = round(u * 127 / max|u|), step = max|u| / 127 as float32.
+     * Spans are multiples of 4 so each group of 4 depths is written at once. */
     double unit_absmax = absmax * inv_norm;
     float step = (float)(unit_absmax / 127.0);
     double multiplier = step > 0.0f ? 1.0 / (double)step : 0.0;
-    double error_squares = 0.0;
+    double errors[4] = {0.0, 0.0, 0.0, 0.0};
     int64_t sum = 0;
-    for (uint64_t k = 0; k < h->screen_depth; ++k) {
-        double u = k < h->depth ? nk_decode((int)h->dtype, values, k) * inv_norm : 0.0;
-        double q = nearbyint(u * multiplier);
-        if (q > 127.0) q = 127.0;
-        if (q < -127.0) q = -127.0;
-        double residual = u - q * (double)step;
-        error_squares += residual * residual;
-        sum += (int64_t)q;
-        uint8_t biased = (uint8_t)((int)q + 128);
-        same &= nk_put(base + h->screen_offset + nk_screen_offset(h->vectors, h->screen_depth, row, k), &biased, 1,
-                       verify);
+    for (uint64_t start = 0; start < h->screen_depth; start += NK_SPAN) {
+        uint64_t count = h->screen_depth - start < NK_SPAN ? h->screen_depth - start : NK_SPAN;
+        uint64_t stored = start >= h->depth ? 0 : (h->depth - start < count ? h->depth - start : count);
+        nk_decode_span(dtype, values, start, stored, span);
+        for (uint64_t i = stored; i < count; ++i) span[i] = 0.0; /* depth padding is value 0 */
+        for (uint64_t i = 0; i < count; i += 4) {
+            uint8_t group[4];
+            for (int j = 0; j < 4; ++j) {
+                double u = span[i + j] * inv_norm;
+                double q = nk_round_even(u * multiplier);
+                q = q > 127.0 ? 127.0 : q < -127.0 ? -127.0 : q;
+                double residual = u - q * (double)step;
+                errors[j] += residual * residual;
+                sum += (int64_t)q;
+                group[j] = (uint8_t)((int)q + 128);
+            }
+            same &= nk_put(base + h->screen_offset + nk_screen_offset(h->vectors, h->screen_depth, row, start + i),
+                           group, 4, verify);
+        }
     }
     /* Round the error bound up: the relative margin dwarfs float64 and float32 rounding. */
+    double error_squares = (errors[0] + errors[1]) + (errors[2] + errors[3]);
     float error = (float)(sqrt(error_squares) * (1.0 + 1e-6) + 1e-30);
     int32_t sum32 = (int32_t)sum;
     same &= nk_put(base + h->screen_scales_offset + row * sizeof(float), &step, sizeof(float), verify);
@@ -227,26 +271,57 @@ static int nk_derive_all(nk_maxsim_header_t const *h, char *base, int verify) {
     return 1;
 }
 
-/* Whether element k holds a finite value of its format: not NaN/inf, and none of the bit patterns
- * the decoder would misread (the e4m3 NaN encoding, the unused top bits of fp6 bytes). */
-static int nk_element_is_finite(int dtype, void const *row, uint64_t k) {
-    switch (dtype) {
-    case nk_dtype_e4m3_k: return (((uint8_t const *)row)[k] & 0x7Fu) != 0x7Fu;
-    case nk_dtype_e2m3_k:
-    case nk_dtype_e3m2_k: return (((uint8_t const *)row)[k] & 0xC0u) == 0;
-    default: return isfinite(nk_decode(dtype, row, k));
+/* Largest magnitude of a row into *absmax; 0 if an element is not a finite value of its format
+ * (NaN/inf, or the bit patterns the decoder would misread: the e4m3 NaN encoding and the unused
+ * top bits of fp6 bytes). */
+static int nk_row_absmax(int dtype, void const *row, uint64_t depth, double *absmax) {
+    uint8_t const *bytes = (uint8_t const *)row;
+    uint8_t forbidden_mask = dtype == nk_dtype_e4m3_k ? 0x7Fu : (dtype == nk_dtype_e2m3_k || dtype == nk_dtype_e3m2_k) ? 0xC0u : 0;
+    double span[NK_SPAN], largest = 0.0;
+    for (uint64_t start = 0; start < depth; start += NK_SPAN) {
+        uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN;
+        if (forbidden_mask == 0x7Fu) {
+            for (uint64_t i = 0; i < count; ++i)
+                if ((bytes[start + i] & 0x7Fu) == 0x7Fu) return 0;
+        }
+        else if (forbidden_mask) {
+            for (uint64_t i = 0; i < count; ++i)
+                if (bytes[start + i] & forbidden_mask) return 0;
+        }
+        nk_decode_span(dtype, row, start, count, span);
+        for (uint64_t i = 0; i < count; ++i) {
+            double x = fabs(span[i]);
+            if (!(x <= DBL_MAX)) return 0; /* NaN compares false, infinity exceeds DBL_MAX */
+            if (x > largest) largest = x;
+        }
     }
+    *absmax = largest;
+    return 1;
 }
 
 static int nk_row_is_valid(int dtype, void const *row, uint64_t depth) {
-    double absmax = 0.0;
-    for (uint64_t k = 0; k < depth; ++k) {
-        if (!nk_element_is_finite(dtype, row, k)) return 0;
-        double x = fabs(nk_decode(dtype, row, k));
-        if (x > absmax) absmax = x;
-    }
+    double absmax;
     /* float64 rows were brought into the safe range by the packer. */
-    return nk_row_scale_exponent(dtype, 0, absmax) == 0;
+    return nk_row_absmax(dtype, row, depth, &absmax) && nk_row_scale_exponent(dtype, 0, absmax) == 0;
+}
+
+/* Round float64 `values` times 2^shift into elements [start, start + count) of a row of `dtype`. */
+static void nk_store_span(int dtype, void *row, uint64_t start, uint64_t count, double const *values, int shift) {
+    /* A power of two as a double covers |shift| <= 1000; beyond, ldexp avoids overflowing it. */
+    int multiply = shift >= -1000 && shift <= 1000;
+    double factor = multiply ? ldexp(1.0, shift) : 1.0;
+    nk_format_t f = nk_format_of(dtype);
+    for (uint64_t i = 0; i < count; ++i) {
+        double x = multiply ? values[i] * factor : ldexp(values[i], shift);
+        uint64_t k = start + i;
+        switch (dtype) {
+        case nk_dtype_float64_k: ((double *)row)[k] = x; break;
+        case nk_dtype_float32_k: ((float *)row)[k] = (float)x; break; /* C conversion rounds to nearest even */
+        case nk_dtype_float16_k:
+        case nk_dtype_bfloat16_k: ((uint16_t *)row)[k] = (uint16_t)nk_encode_minifloat(x, f); break;
+        default: ((uint8_t *)row)[k] = (uint8_t)nk_encode_minifloat(x, f); break;
+        }
+    }
 }
 
 nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride, uint64_t vectors, uint64_t depth,
@@ -267,19 +342,22 @@ nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride
     for (uint64_t row = 0; row < vectors; ++row) {
         void const *source_row = (char const *)src + (int64_t)row * row_stride;
         void *target_row = base + h.values_offset + row * depth * itemsize;
-        double absmax = 0.0;
-        for (uint64_t k = 0; k < depth; ++k) {
-            if (!nk_element_is_finite(source_dtype, source_row, k)) {
-                if (bad_row) *bad_row = row;
-                return nk_error_nonfinite_k;
-            }
-            double x = fabs(nk_decode(source_dtype, source_row, k));
-            if (x > absmax) absmax = x;
+        double absmax;
+        if (!nk_row_absmax(source_dtype, source_row, depth, &absmax)) {
+            if (bad_row) *bad_row = row;
+            return nk_error_nonfinite_k;
         }
         int shift = nk_row_scale_exponent(dtype, casting, absmax);
-        if (!casting && shift == 0) memcpy(target_row, source_row, depth * itemsize);
-        else
-            for (uint64_t k = 0; k < depth; ++k) nk_store(dtype, target_row, k, ldexp(nk_decode(source_dtype, source_row, k), shift));
+        if (!casting && shift == 0) {
+            memcpy(target_row, source_row, depth * itemsize);
+            continue;
+        }
+        double span[NK_SPAN];
+        for (uint64_t start = 0; start < depth; start += NK_SPAN) {
+            uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN;
+            nk_decode_span(source_dtype, source_row, start, count, span);
+            nk_store_span(dtype, target_row, start, count, span, shift);
+        }
     }
     nk_derive_all(&h, base, 0);
     return nk_ok_k;
