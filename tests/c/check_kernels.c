@@ -53,34 +53,41 @@ int main(void) {
     static uint64_t const families[] = {nk_cap_haswell_k, nk_cap_skylake_k, nk_cap_icelake_k, nk_cap_neon_k, nk_cap_sve_k};
     static char const *family_names[] = {"haswell", "skylake", "icelake", "neon", "sve"};
     uint64_t available = nk_capabilities_available();
+    /* Every depth x shape, plus cases that cross the kernels' internal blocking: many documents,
+     * many query rows, depths that chunk the screening, and one depth beyond int8 screening. */
+    static uint64_t const extra[][3] = {{64, 3, 1100}, {64, 70, 600}, {129, 130, 33}, {4100, 3, 40}, {65537, 2, 5}};
+    size_t depth_count = sizeof(depths) / sizeof(depths[0]), shape_count = sizeof(shapes) / sizeof(shapes[0]);
+    size_t case_count = depth_count * shape_count + sizeof(extra) / sizeof(extra[0]);
     int failures = 0, checks = 0;
     for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); ++f)
         printf("%s: %s\n", family_names[f], (available & families[f]) ? "checked" : "not available");
     for (int dtype = 1; dtype <= 8; ++dtype)
-        for (size_t di = 0; di < sizeof(depths) / sizeof(depths[0]); ++di)
-            for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si)
-                for (int kind = 0; kind < kind_count; ++kind) {
-                    uint64_t depth = depths[di], nq = shapes[si][0], nd = shapes[si][1];
-                    double *xq = malloc(nq * depth * sizeof(double)), *xd = malloc(nd * depth * sizeof(double));
-                    fill(xq, nq, depth, kind, NULL);
-                    fill(xd, nd, depth, kind, kind == kind_near_ties ? xq : NULL);
-                    void *q = pack(xq, nq, depth, dtype), *d = pack(xd, nd, depth, dtype);
-                    double reference;
-                    nk_maxsim_score(q, d, nk_cap_serial_k, &reference);
-                    for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); ++f) {
-                        if (!(available & families[f])) continue;
-                        double got;
-                        nk_maxsim_score(q, d, families[f], &got);
-                        ++checks;
-                        if (!(fabs(got - reference) <= 1e-9 * fmax(1.0, fabs(reference)))) {
-                            ++failures;
-                            printf("MISMATCH %s %s depth=%llu %llux%llu %s: %.17g vs serial %.17g\n", family_names[f],
-                                   dtype_names[dtype], (unsigned long long)depth, (unsigned long long)nq,
-                                   (unsigned long long)nd, kind_names[kind], got, reference);
-                        }
+        for (size_t c = 0; c < case_count; ++c)
+            for (int kind = 0; kind < kind_count; ++kind) {
+                size_t e = c - depth_count * shape_count;
+                uint64_t depth = c < depth_count * shape_count ? depths[c / shape_count] : extra[e][0];
+                uint64_t nq = c < depth_count * shape_count ? shapes[c % shape_count][0] : extra[e][1];
+                uint64_t nd = c < depth_count * shape_count ? shapes[c % shape_count][1] : extra[e][2];
+                double *xq = malloc(nq * depth * sizeof(double)), *xd = malloc(nd * depth * sizeof(double));
+                fill(xq, nq, depth, kind, NULL);
+                fill(xd, nd, depth, kind, kind == kind_near_ties ? xq : NULL);
+                void *q = pack(xq, nq, depth, dtype), *d = pack(xd, nd, depth, dtype);
+                double reference;
+                nk_maxsim_score(q, d, nk_cap_serial_k, &reference);
+                for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); ++f) {
+                    if (!(available & families[f])) continue;
+                    double got;
+                    nk_maxsim_score(q, d, families[f], &got);
+                    ++checks;
+                    if (!(fabs(got - reference) <= 1e-9 * fmax(1.0, fabs(reference)))) {
+                        ++failures;
+                        printf("MISMATCH %s %s depth=%llu %llux%llu %s: %.17g vs serial %.17g\n", family_names[f],
+                               dtype_names[dtype], (unsigned long long)depth, (unsigned long long)nq,
+                               (unsigned long long)nd, kind_names[kind], got, reference);
                     }
-                    free(xq), free(xd), free(q), free(d);
                 }
+                free(xq), free(xd), free(q), free(d);
+            }
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures != 0;
 }

@@ -7,7 +7,8 @@ root="$(cd "$here/../.." && pwd)"
 out="${1:-$(mktemp -d)}"
 mkdir -p "$out"
 cc="${CC:-gcc}"
-common=(-O2 -std=c11 -Wall -Wextra -I"$root/src/kernels" -I"$root/src/kernels/include")
+# CFLAGS adds flags, e.g. CFLAGS="-fsanitize=address,undefined" for a sanitizer run.
+common=(-O2 -std=c11 -Wall -Wextra ${CFLAGS:-} -I"$root/src/kernels" -I"$root/src/kernels/include")
 objects=()
 defines=()
 compile() { # name flags...
@@ -31,6 +32,6 @@ x86_64*)
         fi
     done ;;
 esac
-for base in capabilities dispatch pack; do compile "$base" "${defines[@]}"; done
-"$cc" "${common[@]}" "${defines[@]}" "$here/check_kernels.c" "${objects[@]}" -lm -o "$out/check_kernels"
+for base in capabilities corpus dispatch pack; do compile "$base" "${defines[@]}"; done
+"$cc" "${common[@]}" "${defines[@]}" "$here/check_kernels.c" "${objects[@]}" -lm -lpthread -o "$out/check_kernels"
 ${RUNNER:-} "$out/check_kernels"
