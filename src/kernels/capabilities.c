@@ -10,6 +10,22 @@
 #endif
 
 #ifdef NK_TARGET_X86
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+/* Linux hands out AMX tile state only after a per-process request; without it, tile instructions
+ * fault. Returns 1 when the tile data state may be used. */
+static int nk_request_amx(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    enum { arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18 };
+    return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+#else
+    return 0;
+#endif
+}
+
 static uint64_t nk_xgetbv0(void) {
     uint32_t eax, edx;
     __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
@@ -32,9 +48,14 @@ static uint64_t nk_probe_cpu(void) {
     int avx512bw = (ebx >> 30) & 1, avx512vl = (ebx >> 31) & 1;
     int vbmi2 = (ecx >> 6) & 1, vnni = (ecx >> 11) & 1, bitalg = (ecx >> 12) & 1, vpopcntdq = (ecx >> 14) & 1;
     if (avx2 && fma && f16c) caps |= nk_cap_haswell_k;
+    int amx_tile = (edx >> 24) & 1, amx_int8 = (edx >> 25) & 1;
+    int os_amx = (xcr0 & 0x60000) == 0x60000; /* XTILECFG and XTILEDATA */
     if (os_avx512 && avx512f && avx512cd && avx512bw && avx512dq && avx512vl) {
         caps |= nk_cap_skylake_k;
-        if (vnni && vbmi2 && bitalg && vpopcntdq) caps |= nk_cap_icelake_k;
+        if (vnni && vbmi2 && bitalg && vpopcntdq) {
+            caps |= nk_cap_icelake_k;
+            if (amx_tile && amx_int8 && os_amx && nk_request_amx()) caps |= nk_cap_sapphireamx_k;
+        }
     }
     return caps;
 }
@@ -69,6 +90,9 @@ uint64_t nk_capabilities_compiled(void) {
 #endif
 #ifdef NK_HAVE_ICELAKE
     caps |= nk_cap_icelake_k;
+#endif
+#ifdef NK_HAVE_SAPPHIREAMX
+    caps |= nk_cap_sapphireamx_k;
 #endif
 #ifdef NK_HAVE_NEON
     caps |= nk_cap_neon_k;

@@ -8,6 +8,9 @@ typedef struct nk_family {
 
 /* Best first. */
 static nk_family_t const nk_families[] = {
+#ifdef NK_HAVE_SAPPHIREAMX
+    {nk_cap_sapphireamx_k, nk_maxsim_sapphireamx},
+#endif
 #ifdef NK_HAVE_ICELAKE
     {nk_cap_icelake_k, nk_maxsim_icelake},
 #endif

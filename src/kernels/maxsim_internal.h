@@ -101,6 +101,7 @@ double nk_maxsim_serial(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 double nk_maxsim_haswell(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 double nk_maxsim_skylake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
+double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 

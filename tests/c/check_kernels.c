@@ -50,8 +50,9 @@ int main(void) {
     static char const *dtype_names[] = {"", "float64", "float32", "float16", "bfloat16", "e4m3", "e5m2", "e2m3", "e3m2"};
     static uint64_t const depths[] = {1, 3, 4, 17, 64, 128, 129, 1000};
     static uint64_t const shapes[][2] = {{1, 1}, {1, 17}, {5, 3}, {32, 180}, {7, 33}, {40, 300}};
-    static uint64_t const families[] = {nk_cap_haswell_k, nk_cap_skylake_k, nk_cap_icelake_k, nk_cap_neon_k, nk_cap_sve_k};
-    static char const *family_names[] = {"haswell", "skylake", "icelake", "neon", "sve"};
+    static uint64_t const families[] = {nk_cap_haswell_k, nk_cap_skylake_k,     nk_cap_icelake_k,
+                                        nk_cap_sapphireamx_k, nk_cap_neon_k, nk_cap_sve_k};
+    static char const *family_names[] = {"haswell", "skylake", "icelake", "sapphireamx", "neon", "sve"};
     uint64_t available = nk_capabilities_available();
     /* Every depth x shape, plus cases that cross the kernels' internal blocking: many documents,
      * many query rows, depths that chunk the screening, and one depth beyond int8 screening. */
