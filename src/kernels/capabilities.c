@@ -1,4 +1,5 @@
 /* CPU feature probing: cpuid + xgetbv on x86, getauxval on Linux Arm. Probed once, cached. */
+#define _GNU_SOURCE /* syscall() for the AMX permission request */
 #include "maxsim_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)

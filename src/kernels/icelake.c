@@ -5,195 +5,217 @@
  * documents whose UB reaches the best LB (or the best exact cosine so far) are rescored exactly
  * in float64. The result is therefore the exact MaxSim, at int8 GEMM speed.
  *
- * Work is done per group of 8 query rows against blocks of up to 1024 document rows, so the
- * whole stack footprint is one 32 KB score buffer plus one 8 KB query buffer.
+ * Work is done per group of 8 query rows against blocks of up to 1024 document rows. The stack
+ * holds a 32 KB buffer of bounds, an 8 KB signed copy of the query group's screening bytes, an
+ * 8 KB float64 copy of one query row and a 1 KB candidate list; nothing else is allocated.
  */
 #include <immintrin.h>
 #include <math.h>
 
 #include "maxsim_internal.h"
 
-#define NK_ICE_ROWS 8           /* query rows per group = accumulator rows of the micro-kernel */
-#define NK_ICE_TILES 3          /* 16-row document tiles per micro-kernel call: 8 x 3 accumulators */
-#define NK_ICE_BLOCK_DOCS 1024u /* document rows per block of the score buffer */
-#define NK_ICE_CHUNK_GROUPS 256u /* 4-byte depth groups per pass over the query buffer (depth 1024) */
+#define NK_ICE_ROWS 8              /* query rows per group = accumulator rows of the micro-kernel */
+#define NK_ICE_TILES 3             /* 16-row document tiles per micro-kernel call: 8 x 3 accumulators */
+#define NK_ICE_BLOCK_DOCS 1024u    /* document rows per block of bounds; larger blocks rescore less */
+#define NK_ICE_CHUNK_GROUPS 256u   /* 4-byte depth groups per pass over the query buffer (depth 1024) */
+#define NK_ICE_LIST 128u           /* candidates collected per row before rescoring them best-first */
+#define NK_ICE_DECODED_DEPTH 1024u /* deepest query row decoded to float64 on the stack (8 KB) */
 
 #define NK_ICE_INLINE static inline __attribute__((always_inline))
 
-/* ---- Exact float64 dot products of two stored rows, one routine per storage format. ----
- * Four independent float64 accumulators hide the FMA latency; tails use masked loads, which
- * never touch memory past the row. */
+/* ---- Exact float64 dot products. ----
+ * Every stored format converts exactly to float64 (the minifloats through their IEEE half images,
+ * their power-of-two scale applied once to the sum), so a dot product is float64 FMAs over
+ * converted lanes. The conversions, not the FMAs, bound the speed: a query row with several
+ * candidates is decoded once into a float64 stack buffer, so each candidate document costs one
+ * conversion per lane, and two half-based rows are multiplied exactly in float32 first. */
 
 NK_ICE_INLINE __mmask16 nk_ice_tail_mask(uint64_t remaining) {
     return remaining >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << remaining) - 1u);
 }
 
-NK_ICE_INLINE double nk_ice_sum4(__m512d a, __m512d b, __m512d c, __m512d d) {
-    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a, b), _mm512_add_pd(c, d)));
-}
-
-static double nk_ice_dot_f64(double const *a, double const *b, uint64_t depth) {
-    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd(), sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
-    uint64_t k = 0;
-    for (; k + 32 <= depth; k += 32) {
-        sum0 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k), _mm512_loadu_pd(b + k), sum0);
-        sum1 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k + 8), _mm512_loadu_pd(b + k + 8), sum1);
-        sum2 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k + 16), _mm512_loadu_pd(b + k + 16), sum2);
-        sum3 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k + 24), _mm512_loadu_pd(b + k + 24), sum3);
-    }
-    for (; k < depth; k += 8) {
-        __mmask8 lanes = (__mmask8)nk_ice_tail_mask(depth - k);
-        sum0 = _mm512_fmadd_pd(_mm512_maskz_loadu_pd(lanes, a + k), _mm512_maskz_loadu_pd(lanes, b + k), sum0);
-    }
-    return nk_ice_sum4(sum0, sum1, sum2, sum3);
-}
-
-/* 16 float32 products added into two float64 accumulators (low and high 8 lanes). */
-NK_ICE_INLINE void nk_ice_fma_f32_pairs(__m512 x, __m512 y, __m512d *low, __m512d *high) {
-    *low = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), _mm512_cvtps_pd(_mm512_castps512_ps256(y)), *low);
-    *high = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)),
-                            *high);
-}
-
-static double nk_ice_dot_f32(float const *a, float const *b, uint64_t depth) {
-    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd(), sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
-    uint64_t k = 0;
-    for (; k + 32 <= depth; k += 32) {
-        nk_ice_fma_f32_pairs(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), &sum0, &sum1);
-        nk_ice_fma_f32_pairs(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(b + k + 16), &sum2, &sum3);
-    }
-    for (; k < depth; k += 16) {
-        __mmask16 lanes = nk_ice_tail_mask(depth - k);
-        nk_ice_fma_f32_pairs(_mm512_maskz_loadu_ps(lanes, a + k), _mm512_maskz_loadu_ps(lanes, b + k), &sum0, &sum1);
-    }
-    return nk_ice_sum4(sum0, sum1, sum2, sum3);
-}
-
-/* bfloat16 is the top half of a float32; products can overflow float32, so multiply in float64. */
-NK_ICE_INLINE __m512 nk_ice_bf16_to_f32(__m256i bits) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
-static double nk_ice_dot_bf16(uint16_t const *a, uint16_t const *b, uint64_t depth) {
-    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd(), sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
-    uint64_t k = 0;
-    for (; k + 32 <= depth; k += 32) {
-        nk_ice_fma_f32_pairs(nk_ice_bf16_to_f32(_mm256_loadu_si256((__m256i const *)(a + k))),
-                             nk_ice_bf16_to_f32(_mm256_loadu_si256((__m256i const *)(b + k))), &sum0, &sum1);
-        nk_ice_fma_f32_pairs(nk_ice_bf16_to_f32(_mm256_loadu_si256((__m256i const *)(a + k + 16))),
-                             nk_ice_bf16_to_f32(_mm256_loadu_si256((__m256i const *)(b + k + 16))), &sum2, &sum3);
-    }
-    for (; k < depth; k += 16) {
-        __mmask16 lanes = nk_ice_tail_mask(depth - k);
-        nk_ice_fma_f32_pairs(nk_ice_bf16_to_f32(_mm256_maskz_loadu_epi16(lanes, a + k)),
-                             nk_ice_bf16_to_f32(_mm256_maskz_loadu_epi16(lanes, b + k)), &sum0, &sum1);
-    }
-    return nk_ice_sum4(sum0, sum1, sum2, sum3);
-}
-
-/* Every half-based format: a product of two halves (11-bit significands, exponents within
- * [-24, 15]) is exact in float32, so multiply there and accumulate the exact products in float64. */
-NK_ICE_INLINE void nk_ice_add_products(__m512 x, __m512 y, __m512d *low, __m512d *high) {
-    __m512 product = _mm512_mul_ps(x, y);
-    *low = _mm512_add_pd(*low, _mm512_cvtps_pd(_mm512_castps512_ps256(product)));
-    *high = _mm512_add_pd(*high, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product, 1)));
-}
-
-static double nk_ice_dot_f16(uint16_t const *a, uint16_t const *b, uint64_t depth) {
-    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd(), sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
-    uint64_t k = 0;
-    for (; k + 32 <= depth; k += 32) {
-        nk_ice_add_products(_mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(a + k))),
-                            _mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(b + k))), &sum0, &sum1);
-        nk_ice_add_products(_mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(a + k + 16))),
-                            _mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(b + k + 16))), &sum2, &sum3);
-    }
-    for (; k < depth; k += 16) {
-        __mmask16 lanes = nk_ice_tail_mask(depth - k);
-        nk_ice_add_products(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, a + k)),
-                            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, b + k)), &sum0, &sum1);
-    }
-    return nk_ice_sum4(sum0, sum1, sum2, sum3);
-}
-
-/* 16 one-byte minifloats to float32 through their exact IEEE half images (scale applied later). */
-NK_ICE_INLINE __m512 nk_ice_minifloat_to_f32(int dtype, __m128i bytes) {
-    __m256i x = _mm256_cvtepu8_epi16(bytes), half;
+/* IEEE half bit patterns of 16 one-byte minifloats. */
+NK_ICE_INLINE __m256i nk_ice_minifloat_to_half(int dtype, __m128i bytes) {
+    __m256i x = _mm256_cvtepu8_epi16(bytes);
     switch (dtype) {
     case nk_dtype_e4m3_k:
-        half = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16((short)0x8000)),
+        return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16((short)0x8000)),
                                _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(0x3F80)));
-        break;
-    case nk_dtype_e5m2_k: half = _mm256_slli_epi16(x, 8); break;
+    case nk_dtype_e5m2_k: return _mm256_slli_epi16(x, 8);
     case nk_dtype_e2m3_k:
-        half = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 10), _mm256_set1_epi16((short)0x8000)),
+        return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 10), _mm256_set1_epi16((short)0x8000)),
                                _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(0x0F80)));
-        break;
     default: /* e3m2 */
-        half = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 10), _mm256_set1_epi16((short)0x8000)),
+        return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 10), _mm256_set1_epi16((short)0x8000)),
                                _mm256_and_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16(0x1F00)));
-        break;
     }
-    return _mm512_cvtph_ps(half);
 }
 
-NK_ICE_INLINE double nk_ice_dot_minifloat(int dtype, uint8_t const *a, uint8_t const *b, uint64_t depth, double scale) {
-    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd(), sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
+/* Elements k .. k+15 of a row of `dtype` (only `lanes` of them are read) as two float64 vectors. */
+NK_ICE_INLINE void nk_ice_load16(int dtype, void const *row, uint64_t k, __mmask16 lanes, __m512d *low, __m512d *high) {
+    __m512 wide;
+    switch (dtype) {
+    case nk_dtype_float64_k:
+        *low = _mm512_maskz_loadu_pd((__mmask8)lanes, (double const *)row + k);
+        *high = _mm512_maskz_loadu_pd((__mmask8)(lanes >> 8), (double const *)row + k + 8);
+        return;
+    case nk_dtype_float32_k: /* two memory-source conversions: no lane extraction */
+        *low = _mm512_cvtps_pd(_mm256_maskz_loadu_ps((__mmask8)lanes, (float const *)row + k));
+        *high = _mm512_cvtps_pd(_mm256_maskz_loadu_ps((__mmask8)(lanes >> 8), (float const *)row + k + 8));
+        return;
+    case nk_dtype_float16_k: { /* two 8-lane memory-source conversions measured faster than one 16-lane */
+        uint16_t const *halves = (uint16_t const *)row + k;
+        *low = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)lanes, halves)));
+        *high = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)(lanes >> 8), halves + 8)));
+        return;
+    }
+    case nk_dtype_bfloat16_k:
+        wide = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, (uint16_t const *)row + k)), 16));
+        break;
+    default:
+        wide = _mm512_cvtph_ps(nk_ice_minifloat_to_half(dtype, _mm_maskz_loadu_epi8(lanes, (uint8_t const *)row + k)));
+        break;
+    }
+    *low = _mm512_cvtps_pd(_mm512_castps512_ps256(wide));
+    *high = _mm512_cvtps_pd(_mm512_extractf32x8_ps(wide, 1));
+}
+
+/* Square of the power of two that the minifloats' half images are scaled by. */
+static double nk_ice_product_scale(int dtype) {
+    switch (dtype) {
+    case nk_dtype_e4m3_k: return (double)nk_e4m3_half_scale_k * nk_e4m3_half_scale_k;
+    case nk_dtype_e5m2_k: return (double)nk_e5m2_half_scale_k * nk_e5m2_half_scale_k;
+    case nk_dtype_e2m3_k: return (double)nk_e2m3_half_scale_k * nk_e2m3_half_scale_k;
+    case nk_dtype_e3m2_k: return (double)nk_e3m2_half_scale_k * nk_e3m2_half_scale_k;
+    default: return 1.0;
+    }
+}
+
+/* Unscaled dot product of `a` (a decoded float64 row when a_dtype is float64) and `b` (stored).
+ * Four accumulators hide the FMA latency; masked loads never read past either row. */
+NK_ICE_INLINE double nk_ice_dot_kernel(int a_dtype, void const *a, int b_dtype, void const *b, uint64_t depth) {
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
+    __m512d sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
+    __m512d a0, a1, a2, a3, b0, b1, b2, b3;
     uint64_t k = 0;
     for (; k + 32 <= depth; k += 32) {
-        nk_ice_add_products(nk_ice_minifloat_to_f32(dtype, _mm_loadu_si128((__m128i const *)(a + k))),
-                            nk_ice_minifloat_to_f32(dtype, _mm_loadu_si128((__m128i const *)(b + k))), &sum0, &sum1);
-        nk_ice_add_products(nk_ice_minifloat_to_f32(dtype, _mm_loadu_si128((__m128i const *)(a + k + 16))),
-                            nk_ice_minifloat_to_f32(dtype, _mm_loadu_si128((__m128i const *)(b + k + 16))), &sum2,
-                            &sum3);
+        nk_ice_load16(a_dtype, a, k, 0xFFFF, &a0, &a1);
+        nk_ice_load16(b_dtype, b, k, 0xFFFF, &b0, &b1);
+        nk_ice_load16(a_dtype, a, k + 16, 0xFFFF, &a2, &a3);
+        nk_ice_load16(b_dtype, b, k + 16, 0xFFFF, &b2, &b3);
+        sum0 = _mm512_fmadd_pd(a0, b0, sum0);
+        sum1 = _mm512_fmadd_pd(a1, b1, sum1);
+        sum2 = _mm512_fmadd_pd(a2, b2, sum2);
+        sum3 = _mm512_fmadd_pd(a3, b3, sum3);
     }
     for (; k < depth; k += 16) {
         __mmask16 lanes = nk_ice_tail_mask(depth - k);
-        nk_ice_add_products(nk_ice_minifloat_to_f32(dtype, _mm_maskz_loadu_epi8(lanes, a + k)),
-                            nk_ice_minifloat_to_f32(dtype, _mm_maskz_loadu_epi8(lanes, b + k)), &sum0, &sum1);
+        nk_ice_load16(a_dtype, a, k, lanes, &a0, &a1);
+        nk_ice_load16(b_dtype, b, k, lanes, &b0, &b1);
+        sum0 = _mm512_fmadd_pd(a0, b0, sum0);
+        sum1 = _mm512_fmadd_pd(a1, b1, sum1);
     }
-    /* The power-of-two scales of both operands, exact in float64. */
-    return nk_ice_sum4(sum0, sum1, sum2, sum3) * (scale * scale);
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(sum0, sum1), _mm512_add_pd(sum2, sum3)));
 }
 
-static double nk_ice_dot_e4m3(uint8_t const *a, uint8_t const *b, uint64_t depth) {
-    return nk_ice_dot_minifloat(nk_dtype_e4m3_k, a, b, depth, nk_e4m3_half_scale_k);
-}
-static double nk_ice_dot_e5m2(uint8_t const *a, uint8_t const *b, uint64_t depth) {
-    return nk_ice_dot_minifloat(nk_dtype_e5m2_k, a, b, depth, nk_e5m2_half_scale_k);
-}
-static double nk_ice_dot_e2m3(uint8_t const *a, uint8_t const *b, uint64_t depth) {
-    return nk_ice_dot_minifloat(nk_dtype_e2m3_k, a, b, depth, nk_e2m3_half_scale_k);
-}
-static double nk_ice_dot_e3m2(uint8_t const *a, uint8_t const *b, uint64_t depth) {
-    return nk_ice_dot_minifloat(nk_dtype_e3m2_k, a, b, depth, nk_e3m2_half_scale_k);
+/* 16 elements of a half-based row (float16 or a minifloat's half image) as float32, exactly. */
+NK_ICE_INLINE __m512 nk_ice_load16_half(int dtype, void const *row, uint64_t k, __mmask16 lanes) {
+    if (dtype == nk_dtype_float16_k) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, (uint16_t const *)row + k));
+    return _mm512_cvtph_ps(nk_ice_minifloat_to_half(dtype, _mm_maskz_loadu_epi8(lanes, (uint8_t const *)row + k)));
 }
 
-static double nk_ice_dot(int dtype, void const *a, void const *b, uint64_t depth) {
+/* Unscaled dot product of two stored half-based rows. A product of two halves (11-bit significands,
+ * exponents in [-24, 15]) is exact in float32, so each pair is multiplied there and only the
+ * product is widened: half the float64 conversions of widening both operands. */
+NK_ICE_INLINE double nk_ice_dot_halves(int dtype, void const *a, void const *b, uint64_t depth) {
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
+    __m512d sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
+    uint64_t k = 0;
+    for (; k + 32 <= depth; k += 32) {
+        __m512 product0 = _mm512_mul_ps(nk_ice_load16_half(dtype, a, k, 0xFFFF),
+                                        nk_ice_load16_half(dtype, b, k, 0xFFFF));
+        __m512 product1 = _mm512_mul_ps(nk_ice_load16_half(dtype, a, k + 16, 0xFFFF),
+                                        nk_ice_load16_half(dtype, b, k + 16, 0xFFFF));
+        sum0 = _mm512_add_pd(sum0, _mm512_cvtps_pd(_mm512_castps512_ps256(product0)));
+        sum1 = _mm512_add_pd(sum1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product0, 1)));
+        sum2 = _mm512_add_pd(sum2, _mm512_cvtps_pd(_mm512_castps512_ps256(product1)));
+        sum3 = _mm512_add_pd(sum3, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product1, 1)));
+    }
+    for (; k < depth; k += 16) {
+        __mmask16 lanes = nk_ice_tail_mask(depth - k);
+        __m512 product = _mm512_mul_ps(nk_ice_load16_half(dtype, a, k, lanes), nk_ice_load16_half(dtype, b, k, lanes));
+        sum0 = _mm512_add_pd(sum0, _mm512_cvtps_pd(_mm512_castps512_ps256(product)));
+        sum1 = _mm512_add_pd(sum1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product, 1)));
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(sum0, sum1), _mm512_add_pd(sum2, sum3)));
+}
+
+/* One instantiation per format, so the conversions are straight-line code. */
+#define NK_ICE_DISPATCH(call_for) \
+    switch (dtype) { \
+    case nk_dtype_float64_k: return call_for(nk_dtype_float64_k); \
+    case nk_dtype_float32_k: return call_for(nk_dtype_float32_k); \
+    case nk_dtype_float16_k: return call_for(nk_dtype_float16_k); \
+    case nk_dtype_bfloat16_k: return call_for(nk_dtype_bfloat16_k); \
+    case nk_dtype_e4m3_k: return call_for(nk_dtype_e4m3_k); \
+    case nk_dtype_e5m2_k: return call_for(nk_dtype_e5m2_k); \
+    case nk_dtype_e2m3_k: return call_for(nk_dtype_e2m3_k); \
+    case nk_dtype_e3m2_k: return call_for(nk_dtype_e3m2_k); \
+    default: return 0.0; \
+    }
+
+/* Dot product of two stored rows. */
+static double nk_ice_dot_stored(int dtype, void const *a, void const *b, uint64_t depth) {
     switch (dtype) {
-    case nk_dtype_float64_k: return nk_ice_dot_f64((double const *)a, (double const *)b, depth);
-    case nk_dtype_float32_k: return nk_ice_dot_f32((float const *)a, (float const *)b, depth);
-    case nk_dtype_float16_k: return nk_ice_dot_f16((uint16_t const *)a, (uint16_t const *)b, depth);
-    case nk_dtype_bfloat16_k: return nk_ice_dot_bf16((uint16_t const *)a, (uint16_t const *)b, depth);
-    case nk_dtype_e4m3_k: return nk_ice_dot_e4m3((uint8_t const *)a, (uint8_t const *)b, depth);
-    case nk_dtype_e5m2_k: return nk_ice_dot_e5m2((uint8_t const *)a, (uint8_t const *)b, depth);
-    case nk_dtype_e2m3_k: return nk_ice_dot_e2m3((uint8_t const *)a, (uint8_t const *)b, depth);
-    case nk_dtype_e3m2_k: return nk_ice_dot_e3m2((uint8_t const *)a, (uint8_t const *)b, depth);
+    case nk_dtype_float64_k: return nk_ice_dot_kernel(nk_dtype_float64_k, a, nk_dtype_float64_k, b, depth);
+    case nk_dtype_float32_k: return nk_ice_dot_kernel(nk_dtype_float32_k, a, nk_dtype_float32_k, b, depth);
+    case nk_dtype_bfloat16_k: return nk_ice_dot_kernel(nk_dtype_bfloat16_k, a, nk_dtype_bfloat16_k, b, depth);
+    case nk_dtype_float16_k: return nk_ice_dot_halves(nk_dtype_float16_k, a, b, depth);
+#define NK_ICE_HALVES(format) nk_ice_dot_halves(format, a, b, depth) * nk_ice_product_scale(format)
+    case nk_dtype_e4m3_k: return NK_ICE_HALVES(nk_dtype_e4m3_k);
+    case nk_dtype_e5m2_k: return NK_ICE_HALVES(nk_dtype_e5m2_k);
+    case nk_dtype_e2m3_k: return NK_ICE_HALVES(nk_dtype_e2m3_k);
+    case nk_dtype_e3m2_k: return NK_ICE_HALVES(nk_dtype_e3m2_k);
+#undef NK_ICE_HALVES
     default: return 0.0;
     }
 }
 
-/* Exact cosine in the contract's order: dot * inv_q * inv_d, 0 for a zero document row. */
+/* Dot product of a decoded (float64, unscaled) query row with a stored document row. */
+static double nk_ice_dot_decoded(int dtype, double const *a, void const *b, uint64_t depth) {
+#define NK_ICE_DECODED(format) \
+    nk_ice_dot_kernel(nk_dtype_float64_k, a, format, b, depth) * nk_ice_product_scale(format)
+    NK_ICE_DISPATCH(NK_ICE_DECODED)
+#undef NK_ICE_DECODED
+}
+
+/* Decode a stored row into float64 (unscaled), padded with zeros to a multiple of 16. */
+static void nk_ice_decode_row(int dtype, void const *row, uint64_t depth, double *out) {
+    for (uint64_t k = 0; k < depth; k += 16) {
+        __m512d low, high;
+        nk_ice_load16(dtype, row, k, nk_ice_tail_mask(depth - k), &low, &high);
+        _mm512_store_pd(out + k, low);
+        _mm512_store_pd(out + k + 8, high);
+    }
+}
+
+/* Exact cosine in the contract's order: dot * inv_q * inv_d, 0 for a zero document row.
+ * `decoded` is the query row in float64, or NULL to read the stored row. */
 static inline double nk_ice_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, void const *q_row,
-                                   double inv_q, uint64_t doc, size_t row_bytes) {
+                                   double const *decoded, double inv_q, uint64_t doc, size_t row_bytes) {
     double inv_d = d->inv_norms[doc];
     if (inv_d == 0.0) return 0.0;
-    return nk_ice_dot((int)q->dtype, q_row, (char const *)d->values + doc * row_bytes, q->depth) * inv_q * inv_d;
+    void const *d_row = (char const *)d->values + doc * row_bytes;
+    double dot = decoded ? nk_ice_dot_decoded((int)q->dtype, decoded, d_row, q->depth)
+                         : nk_ice_dot_stored((int)q->dtype, q_row, d_row, q->depth);
+    return dot * inv_q * inv_d;
 }
 
 /* float32 not above x, so a threshold derived from an exact cosine never excludes a winner. */
 static inline float nk_ice_round_down(double x) {
-    return _mm_cvtss_f32(_mm_cvt_roundsd_ss(_mm_setzero_ps(), _mm_set_sd(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+    __m128 rounded = _mm_cvt_roundsd_ss(_mm_setzero_ps(), _mm_set_sd(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    return _mm_cvtss_f32(rounded);
 }
 
 /* Depth too large for int32 screening: every pair exactly. */
@@ -208,7 +230,7 @@ static double nk_ice_exhaustive(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
         }
         void const *q_row = (char const *)q->values + i * row_bytes;
         for (uint64_t j = 0; j < d->vectors; ++j) {
-            double cos = nk_ice_cosine(q, d, q_row, inv_q, j, row_bytes);
+            double cos = nk_ice_cosine(q, d, q_row, NULL, inv_q, j, row_bytes);
             if (cos > best) best = cos;
         }
         total += nk_distance_from_cos(best);
@@ -221,24 +243,48 @@ static double nk_ice_exhaustive(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
  * broadcast. Documents stream as stored (v + 128, unsigned); the small query group is converted
  * once to signed (XOR 0x80) into a stack buffer of [group][row] words, so each step is one load
  * per document tile, one broadcast per query row and 8 x tiles multiply-accumulates. The bias
- * adds 128 * (sum of the query's screen bytes), removed with screen_sums afterwards. */
+ * adds 128 * (sum of the query's screen bytes), removed with screen_sums afterwards.
+ *
+ * Bounds are kept in units of the query's screening step s_q, so that only per-row constants
+ * remain: with p_j = dot_j * s_d[j] (the estimate is s_q p_j), b = (1 + e_q) / s_q and
+ * a = e_q + slack,
+ *   UB_j = s_q (p_j + b e_j) + a,   LB_j = s_q (p_j - b e_j) - a.
+ * The micro-kernel's epilogue stores p_j + b e_j and keeps a per-lane maximum of p_j, from which
+ * nk_ice_thresholds derives a best lower bound. */
 
-/* scores[r * NK_ICE_BLOCK_DOCS + 16 t + lane] (+)= screening dot of query row r with document
- * lane of tile t, over `groups` depth groups starting at `doc` (tiles `tile_stride` bytes apart,
- * depth groups `vector_stride` bytes apart, `lanes` the rows present in each tile). */
+/* Per query group: the constants of each row and what the screening has seen so far. */
+typedef struct nk_ice_group {
+    float estimate[NK_ICE_ROWS][16]; /* max over documents seen so far of p, per lane */
+    float error_max;                 /* max e over documents seen so far */
+    int32_t bias[NK_ICE_ROWS];       /* 128 * screen_sums[q]: the unsigned-operand offset */
+    float growth[NK_ICE_ROWS];       /* b = (1 + e_q) / s_q */
+    double scale[NK_ICE_ROWS];       /* s_q */
+    double inv_scale[NK_ICE_ROWS];   /* 1 / s_q */
+    double error[NK_ICE_ROWS];       /* e_q */
+    double offset[NK_ICE_ROWS];      /* a = e_q + slack */
+    double best[NK_ICE_ROWS];        /* best exact cosine so far */
+} nk_ice_group_t;
+
+/* Documents of `tiles` adjacent 16-row tiles (tiles `tile_stride` bytes apart, depth groups
+ * `vector_stride` bytes apart, `lanes` the rows present in each tile) against the 8 query rows,
+ * over `groups` depth groups. Partial sums live in scores[r * NK_ICE_BLOCK_DOCS + 16 t + lane]
+ * between depth chunks (`accumulate`); on the last chunk (`finish`) the epilogue turns them into
+ * upper bounds (-inf at absent lanes) and raises group->estimate. */
 NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t groups, uint8_t const *doc,
                                        uint64_t tile_stride, uint64_t vector_stride, __mmask16 lanes, int const tiles,
-                                       int accumulate, float *scores) {
+                                       int accumulate, int finish, float *scores, nk_ice_group_t *group,
+                                       float const *scales_d, float const *errors_d) {
     __m512i acc[NK_ICE_ROWS][NK_ICE_TILES];
 #pragma GCC unroll 8
     for (int r = 0; r < NK_ICE_ROWS; ++r)
 #pragma GCC unroll 4
         for (int t = 0; t < tiles; ++t)
-            acc[r][t] = accumulate ? _mm512_load_si512(scores + r * NK_ICE_BLOCK_DOCS + 16 * t) : _mm512_setzero_si512();
+            acc[r][t] = accumulate ? _mm512_load_si512(scores + (unsigned)r * NK_ICE_BLOCK_DOCS + 16u * (unsigned)t)
+                                   : _mm512_set1_epi32(-group->bias[r]); /* start at minus the query bias */
     for (uint64_t g = 0; g < groups; ++g, doc += vector_stride, query_groups += NK_ICE_ROWS) {
         __m512i doc_bytes[NK_ICE_TILES];
 #pragma GCC unroll 4
-        for (int t = 0; t < tiles; ++t) doc_bytes[t] = _mm512_maskz_loadu_epi32(lanes, doc + t * tile_stride);
+        for (int t = 0; t < tiles; ++t) doc_bytes[t] = _mm512_maskz_loadu_epi32(lanes, doc + (uint64_t)t * tile_stride);
 #pragma GCC unroll 8
         for (int r = 0; r < NK_ICE_ROWS; ++r) {
             __m512i query = _mm512_set1_epi32(query_groups[r]);
@@ -246,10 +292,31 @@ NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t gro
             for (int t = 0; t < tiles; ++t) acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], doc_bytes[t], query);
         }
     }
+    if (!finish) {
 #pragma GCC unroll 8
-    for (int r = 0; r < NK_ICE_ROWS; ++r)
+        for (int r = 0; r < NK_ICE_ROWS; ++r)
 #pragma GCC unroll 4
-        for (int t = 0; t < tiles; ++t) _mm512_store_si512(scores + r * NK_ICE_BLOCK_DOCS + 16 * t, acc[r][t]);
+            for (int t = 0; t < tiles; ++t)
+                _mm512_store_si512(scores + (unsigned)r * NK_ICE_BLOCK_DOCS + 16u * (unsigned)t, acc[r][t]);
+        return;
+    }
+    __m512 minus_infinity = _mm512_set1_ps(-INFINITY);
+#pragma GCC unroll 8
+    for (int r = 0; r < NK_ICE_ROWS; ++r) {
+        __m512 growth = _mm512_set1_ps(group->growth[r]);
+        __m512 estimate_max = _mm512_load_ps(group->estimate[r]);
+#pragma GCC unroll 4
+        for (int t = 0; t < tiles; ++t) {
+            __m512 estimate = _mm512_cvtepi32_ps(acc[r][t]);
+            __m512 p = _mm512_mul_ps(estimate, _mm512_maskz_loadu_ps(lanes, scales_d + 16 * t));
+            __m512 error_d = _mm512_maskz_loadu_ps(lanes, errors_d + 16 * t);
+            __m512 upper = _mm512_fmadd_ps(growth, error_d, p);
+            estimate_max = _mm512_mask_max_ps(estimate_max, lanes, estimate_max, p);
+            upper = _mm512_mask_mov_ps(minus_infinity, lanes, upper);
+            _mm512_store_ps(scores + (unsigned)r * NK_ICE_BLOCK_DOCS + 16u * (unsigned)t, upper);
+        }
+        _mm512_store_ps(group->estimate[r], estimate_max);
+    }
 }
 
 /* Signed screening words of query rows [first, first + 8) for depth groups [g0, g0 + groups).
@@ -261,92 +328,197 @@ static void nk_ice_load_query_groups(nk_maxsim_view_t const *q, uint64_t first, 
     uint64_t stride = nk_screen_offset(q->vectors, q->screen_depth, first, 4) - base;
     uint64_t present = q->vectors - first;
     __mmask8 rows = present >= NK_ICE_ROWS ? (__mmask8)0xFF : (__mmask8)((1u << present) - 1u);
-    __m256i bias = _mm256_set1_epi32((int)0x80808080u);
+    __m256i flip = _mm256_set1_epi32((int)0x80808080u); /* stored v + 128 -> signed v */
     uint8_t const *source = q->screen + base + g0 * stride;
     for (uint64_t g = 0; g < groups; ++g, source += stride)
         _mm256_store_si256((__m256i *)(query_groups + g * NK_ICE_ROWS),
-                           _mm256_maskz_xor_epi32(rows, _mm256_maskz_loadu_epi32(rows, source), bias));
+                           _mm256_maskz_xor_epi32(rows, _mm256_maskz_loadu_epi32(rows, source), flip));
 }
 
-/* Screen documents [first_doc, first_doc + docs) against one query group, all depth groups,
- * leaving raw int32 dot products (biased by the query sums) in `scores`. */
+/* Screen documents [first_doc, first_doc + docs) against one query group over the whole depth,
+ * leaving upper bounds in `scores` and raising group->estimate and group->error_max. */
 static void nk_ice_screen_block(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first_query,
                                 uint64_t first_doc, uint64_t docs, int32_t *query_groups, int query_groups_ready,
-                                float *scores) {
+                                float *scores, nk_ice_group_t *group) {
     uint64_t total_groups = d->screen_depth / 4, tile_stride = NK_SCREEN_TILE * d->screen_depth;
     uint64_t full_tiles = docs / NK_SCREEN_TILE, partial_rows = docs % NK_SCREEN_TILE;
     uint8_t const *block = d->screen + first_doc * d->screen_depth; /* first_doc is a multiple of 16 */
+    float const *scales_d = d->screen_scales + first_doc, *errors_d = d->screen_errors + first_doc;
+    __m512 error_max = _mm512_set1_ps(group->error_max);
+    for (uint64_t t = 0; t < docs; t += 16)
+        error_max = _mm512_max_ps(error_max, _mm512_maskz_loadu_ps(nk_ice_tail_mask(docs - t), errors_d + t));
+    group->error_max = _mm512_reduce_max_ps(error_max);
     for (uint64_t g0 = 0; g0 < total_groups; g0 += NK_ICE_CHUNK_GROUPS) {
         uint64_t groups = total_groups - g0 < NK_ICE_CHUNK_GROUPS ? total_groups - g0 : NK_ICE_CHUNK_GROUPS;
-        int accumulate = g0 != 0;
+        int accumulate = g0 != 0, finish = g0 + groups == total_groups;
         if (!query_groups_ready) nk_ice_load_query_groups(q, first_query, g0, groups, query_groups);
         uint64_t t = 0;
         for (; t + NK_ICE_TILES <= full_tiles; t += NK_ICE_TILES)
             nk_ice_screen_tiles(query_groups, groups, block + t * tile_stride + g0 * 64, tile_stride, 64, 0xFFFF,
-                                NK_ICE_TILES, accumulate, scores + t * 16);
+                                NK_ICE_TILES, accumulate, finish, scores + t * 16, group, scales_d + t * 16,
+                                errors_d + t * 16);
         if (full_tiles - t == 2)
             nk_ice_screen_tiles(query_groups, groups, block + t * tile_stride + g0 * 64, tile_stride, 64, 0xFFFF, 2,
-                                accumulate, scores + t * 16);
+                                accumulate, finish, scores + t * 16, group, scales_d + t * 16, errors_d + t * 16);
         else if (full_tiles - t == 1)
             nk_ice_screen_tiles(query_groups, groups, block + t * tile_stride + g0 * 64, tile_stride, 64, 0xFFFF, 1,
-                                accumulate, scores + t * 16);
+                                accumulate, finish, scores + t * 16, group, scales_d + t * 16, errors_d + t * 16);
         if (partial_rows) /* the last tile of the whole matrix: rows packed 4 * partial_rows apart */
             nk_ice_screen_tiles(query_groups, groups, block + full_tiles * tile_stride + g0 * 4 * partial_rows, 0,
-                                4 * partial_rows, (__mmask16)((1u << partial_rows) - 1u), 1, accumulate,
-                                scores + full_tiles * 16);
+                                4 * partial_rows, (__mmask16)((1u << partial_rows) - 1u), 1, accumulate, finish,
+                                scores + full_tiles * 16, group, scales_d + full_tiles * 16,
+                                errors_d + full_tiles * 16);
     }
 }
 
-/* Bounds and candidates of query row i against one screened block, raising *best.
- * In units of the query's screening step s_q (so per-row constants leave the inner loops):
- *   p_j = dot_j * s_d[j],  estimate c_j = s_q p_j,
- *   UB_j = s_q (p_j + b e_j) + a,  LB_j = s_q (p_j - b e_j) - a,  with b = (1 + e_q) / s_q,
- * a = e_q + slack. Document j stays a candidate while UB_j >= max(max LB, best exact cosine). */
-static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t i, uint64_t first_doc,
-                              uint64_t docs, float *row_scores, double *best) {
-    double error_q = q->screen_errors[i], scale_q = q->screen_scales[i], inv_q = q->inv_norms[i];
-    double a = error_q + nk_screen_slack_k;
-    __m512 b = _mm512_set1_ps((float)((1.0 + error_q) / scale_q));
-    __m512i bias = _mm512_set1_epi32(128 * q->screen_sums[i]);
-    float const *scales_d = d->screen_scales + first_doc, *errors_d = d->screen_errors + first_doc;
-    uint64_t tiles = (docs + NK_SCREEN_TILE - 1) / NK_SCREEN_TILE;
+/* What rescoring needs for one query row. */
+typedef struct nk_ice_row {
+    nk_maxsim_view_t const *q, *d;
+    void const *q_row;
+    double const *decoded; /* the query row in float64, or NULL */
+    size_t row_bytes;
+    uint64_t first_doc;
+    double inv_q, inv_scale_q, a;
+    double *best, threshold;
+} nk_ice_row_t;
 
-    /* Pass 1: raw dots -> p in place, and the best lower bound (in p units, before - a). */
-    __m512 best_lower = _mm512_set1_ps(-INFINITY);
-    for (uint64_t t = 0; t < tiles; ++t) {
-        __mmask16 lanes = nk_ice_tail_mask(docs - 16 * t);
-        __m512i dot = _mm512_sub_epi32(_mm512_load_si512(row_scores + 16 * t), bias);
-        __m512 p = _mm512_maskz_mul_ps(lanes, _mm512_cvtepi32_ps(dot), _mm512_maskz_loadu_ps(lanes, scales_d + 16 * t));
-        _mm512_store_ps(row_scores + 16 * t, p);
-        __m512 lower = _mm512_fnmadd_ps(b, _mm512_maskz_loadu_ps(lanes, errors_d + 16 * t), p);
-        best_lower = _mm512_mask_max_ps(best_lower, lanes, best_lower, lower);
-    }
-
-    /* Threshold on p + b e: max(LB) or best, minus a, over s_q; rounded down so it only admits. */
-    double from_bounds = (double)_mm512_reduce_max_ps(best_lower) * scale_q - a;
-    double threshold = from_bounds > *best ? from_bounds : *best;
-    __m512 cut = _mm512_set1_ps(nk_ice_round_down((threshold - a) / scale_q));
-
-    /* Pass 2: rescore every document whose upper bound reaches the threshold. */
-    void const *q_row = (char const *)q->values + i * nk_dtype_itemsize((int)q->dtype) * q->depth;
-    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
-    for (uint64_t t = 0; t < tiles; ++t) {
-        __mmask16 lanes = nk_ice_tail_mask(docs - 16 * t);
-        __m512 upper = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(lanes, errors_d + 16 * t), _mm512_load_ps(row_scores + 16 * t));
-        __mmask16 candidates = _mm512_mask_cmp_ps_mask(lanes, upper, cut, _CMP_GE_OQ);
-        while (candidates) {
-            unsigned lane = (unsigned)__builtin_ctz(candidates);
-            candidates &= (__mmask16)(candidates - 1u);
-            double cos = nk_ice_cosine(q, d, q_row, inv_q, first_doc + 16 * t + lane, row_bytes);
-            if (cos > *best) {
-                *best = cos;
-                /* A better exact cosine tightens the cut for what follows. */
-                if (cos > threshold) {
-                    threshold = cos;
-                    cut = _mm512_set1_ps(nk_ice_round_down((threshold - a) / scale_q));
-                    candidates &= _mm512_cmp_ps_mask(upper, cut, _CMP_GE_OQ);
-                }
+/* Rescore collected candidates, the largest upper bound first, until none reaches the cut.
+ * Returns the (possibly raised) cut. */
+static float nk_ice_drain(nk_ice_row_t *row, float *list_upper, int32_t *list_doc, unsigned count, float cut) {
+    if (count == 1) { /* the common case at moderate depth: one finalist, nothing to order */
+        if (list_upper[0] >= cut) {
+            double cos = nk_ice_cosine(row->q, row->d, row->q_row, row->decoded, row->inv_q,
+                                       row->first_doc + (uint64_t)list_doc[0], row->row_bytes);
+            if (cos > *row->best) *row->best = cos;
+            if (cos > row->threshold) {
+                row->threshold = cos;
+                cut = nk_ice_round_down((cos - row->a) * row->inv_scale_q);
             }
+        }
+        return cut;
+    }
+    while (count) {
+        unsigned top = 0;
+        for (unsigned c = 1; c < count; ++c)
+            if (list_upper[c] > list_upper[top]) top = c;
+        if (!(list_upper[top] >= cut)) break;
+        double cos = nk_ice_cosine(row->q, row->d, row->q_row, row->decoded, row->inv_q,
+                                   row->first_doc + (uint64_t)list_doc[top], row->row_bytes);
+        if (cos > *row->best) *row->best = cos;
+        if (cos > row->threshold) { /* a better exact cosine tightens the cut for what follows */
+            row->threshold = cos;
+            cut = nk_ice_round_down((cos - row->a) * row->inv_scale_q);
+        }
+        --count;
+        list_upper[top] = list_upper[count];
+        list_doc[top] = list_doc[count];
+    }
+    return cut;
+}
+
+/* Append the lanes of `upper` (tile t) that reach the cut to the candidate list, which has room
+ * for 16 more. Compressing in registers and storing whole vectors is much faster than the
+ * memory form of vcompressps. */
+NK_ICE_INLINE unsigned nk_ice_collect(__m512 upper, __mmask16 candidates, uint64_t t, float *list_upper,
+                                      int32_t *list_doc, unsigned count) {
+    __m512i lane_index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    _mm512_storeu_ps(list_upper + count, _mm512_maskz_compress_ps(candidates, upper));
+    __m512i docs = _mm512_add_epi32(lane_index, _mm512_set1_epi32((int)(16 * t)));
+    _mm512_storeu_si512(list_doc + count, _mm512_maskz_compress_epi32(candidates, docs));
+    return count + (unsigned)__builtin_popcount(candidates);
+}
+
+/* Collect the documents of tiles [*tile, tiles) whose stored upper bound reaches the cut, until the
+ * list could overflow; *tile is left where the scan stopped (tiles when it finished). Four tiles
+ * per test keep the common no-candidate case to one branch. */
+static unsigned nk_ice_scan(float const *row_scores, uint64_t *tile, uint64_t tiles, float cut, float *list_upper,
+                            int32_t *list_doc) {
+    __m512 cut_vector = _mm512_set1_ps(cut);
+    unsigned count = 0;
+    uint64_t t = *tile;
+    for (; t + 4 <= tiles; t += 4) {
+        __mmask16 hit[4];
+        __m512 upper[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+            upper[u] = _mm512_load_ps(row_scores + 16 * (t + (uint64_t)u));
+            hit[u] = _mm512_cmp_ps_mask(upper[u], cut_vector, _CMP_GE_OQ);
+        }
+        if (!(hit[0] | hit[1] | hit[2] | hit[3])) continue;
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+            if (!hit[u]) continue;
+            if (count + 16 > NK_ICE_LIST) {
+                *tile = t + (uint64_t)u;
+                return count;
+            }
+            count = nk_ice_collect(upper[u], hit[u], t + (uint64_t)u, list_upper, list_doc, count);
+        }
+    }
+    for (; t < tiles; ++t) {
+        __m512 upper = _mm512_load_ps(row_scores + 16 * t);
+        __mmask16 hit = _mm512_cmp_ps_mask(upper, cut_vector, _CMP_GE_OQ);
+        if (!hit) continue;
+        if (count + 16 > NK_ICE_LIST) break;
+        count = nk_ice_collect(upper, hit, t, list_upper, list_doc, count);
+    }
+    *tile = t;
+    return count;
+}
+
+/* Starting thresholds of the 8 rows after a block: max(best lower bound, best exact cosine), and
+ * the cut it means on the stored p + b e, (threshold - a) / s_q rounded down so it only admits.
+ * The document with the largest estimate p has LB = s_q p - a - (1 + e_q) e >= s_q p - a -
+ * (1 + e_q) max e, a valid (slightly loose) best lower bound that costs the epilogue one max. */
+static void nk_ice_thresholds(nk_ice_group_t const *group, double *thresholds, float *cuts) {
+    double estimate[NK_ICE_ROWS];
+    for (int r = 0; r < NK_ICE_ROWS; ++r)
+        estimate[r] = (double)_mm512_reduce_max_ps(_mm512_load_ps(group->estimate[r]));
+    __m512d offset = _mm512_loadu_pd(group->offset);
+    __m512d error_term = _mm512_mul_pd(_mm512_add_pd(_mm512_set1_pd(1.0), _mm512_loadu_pd(group->error)),
+                                       _mm512_set1_pd((double)group->error_max));
+    __m512d estimate_term = _mm512_fmsub_pd(_mm512_loadu_pd(estimate), _mm512_loadu_pd(group->scale), offset);
+    __m512d from_bounds = _mm512_sub_pd(estimate_term, error_term);
+    __m512d threshold = _mm512_max_pd(from_bounds, _mm512_loadu_pd(group->best));
+    _mm512_storeu_pd(thresholds, threshold);
+    __m512d cut = _mm512_mul_pd(_mm512_sub_pd(threshold, offset), _mm512_loadu_pd(group->inv_scale));
+    _mm256_storeu_ps(cuts, _mm512_cvt_roundpd_ps(cut, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+}
+
+/* Every document of one screened block whose upper bound reaches max(best lower bound, best exact
+ * cosine) is rescored exactly, raising group->best. */
+static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, nk_ice_group_t *group,
+                              uint64_t first_query, uint64_t rows, uint64_t first_doc, uint64_t docs,
+                              float const *scores, double *decoded_query) {
+    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
+    uint64_t tiles = (docs + NK_SCREEN_TILE - 1) / NK_SCREEN_TILE;
+    double thresholds[NK_ICE_ROWS];
+    float cuts[NK_ICE_ROWS];
+    nk_ice_thresholds(group, thresholds, cuts);
+    float list_upper[NK_ICE_LIST];
+    int32_t list_doc[NK_ICE_LIST];
+    for (uint64_t r = 0; r < rows; ++r) {
+        uint64_t i = first_query + r;
+        if (q->inv_norms[i] == 0.0) continue;
+        float const *row_scores = scores + r * NK_ICE_BLOCK_DOCS;
+        uint64_t tile = 0;
+        unsigned count = nk_ice_scan(row_scores, &tile, tiles, cuts[r], list_upper, list_doc);
+        if (!count) continue;
+        void const *q_row = (char const *)q->values + i * row_bytes;
+        /* Decode the query row once when it has several candidates (float64 rows are used in place). */
+        double const *decoded = NULL;
+        if (q->dtype == nk_dtype_float64_k) decoded = (double const *)q_row;
+        else if (q->depth <= NK_ICE_DECODED_DEPTH && (count > 1 || tile < tiles)) {
+            nk_ice_decode_row((int)q->dtype, q_row, q->depth, decoded_query);
+            decoded = decoded_query;
+        }
+        nk_ice_row_t row = {q,    d, q_row, decoded, row_bytes, first_doc, q->inv_norms[i], group->inv_scale[r],
+                            group->offset[r], &group->best[r], thresholds[r]};
+        float cut = nk_ice_drain(&row, list_upper, list_doc, count, cuts[r]);
+        /* A full list stopped the scan early: continue it with the raised cut. */
+        while (tile < tiles) {
+            count = nk_ice_scan(row_scores, &tile, tiles, cut, list_upper, list_doc);
+            cut = nk_ice_drain(&row, list_upper, list_doc, count, cut);
         }
     }
 }
@@ -356,31 +528,38 @@ double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
 
     float scores[NK_ICE_ROWS * NK_ICE_BLOCK_DOCS] __attribute__((aligned(64)));
     int32_t query_groups[NK_ICE_CHUNK_GROUPS * NK_ICE_ROWS] __attribute__((aligned(64)));
-    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
+    nk_ice_group_t group __attribute__((aligned(64)));
+    double decoded_query[NK_ICE_DECODED_DEPTH] __attribute__((aligned(64)));
     int single_chunk = d->screen_depth / 4 <= NK_ICE_CHUNK_GROUPS;
     double total = 0.0;
 
     for (uint64_t first_query = 0; first_query < q->vectors; first_query += NK_ICE_ROWS) {
         uint64_t rows = q->vectors - first_query < NK_ICE_ROWS ? q->vectors - first_query : NK_ICE_ROWS;
-        double best[NK_ICE_ROWS];
-        for (int r = 0; r < NK_ICE_ROWS; ++r) best[r] = -INFINITY;
+        for (int r = 0; r < NK_ICE_ROWS; ++r) {
+            uint64_t i = first_query + (uint64_t)r;
+            int live = (uint64_t)r < rows && q->inv_norms[i] != 0.0;
+            double error_q = live ? q->screen_errors[i] : 0.0, scale_q = live ? q->screen_scales[i] : 1.0;
+            if (!(scale_q > 0.0)) scale_q = 0x1p-126; /* never for a packed nonzero row; keeps b finite */
+            group.bias[r] = live ? 128 * q->screen_sums[i] : 0;
+            group.growth[r] = live ? (float)((1.0 + error_q) / scale_q) : 0.0f;
+            group.scale[r] = scale_q;
+            group.inv_scale[r] = 1.0 / scale_q;
+            group.offset[r] = error_q + nk_screen_slack_k;
+            group.best[r] = -INFINITY;
+            group.error[r] = error_q;
+            _mm512_store_ps(group.estimate[r], _mm512_set1_ps(-INFINITY));
+        }
+        group.error_max = 0.0f;
         /* With one depth chunk the converted query group serves every document block. */
         if (single_chunk) nk_ice_load_query_groups(q, first_query, 0, d->screen_depth / 4, query_groups);
 
         for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_ICE_BLOCK_DOCS) {
             uint64_t docs = d->vectors - first_doc < NK_ICE_BLOCK_DOCS ? d->vectors - first_doc : NK_ICE_BLOCK_DOCS;
-            uint64_t tiles = (docs + NK_SCREEN_TILE - 1) / NK_SCREEN_TILE;
-            nk_ice_screen_block(q, d, first_query, first_doc, docs, query_groups, single_chunk, scores);
-
-            for (uint64_t r = 0; r < rows; ++r) {
-                uint64_t i = first_query + r;
-                double inv_q = q->inv_norms[i];
-                if (inv_q == 0.0) continue;
-                nk_ice_candidates(q, d, i, first_doc, docs, scores + r * NK_ICE_BLOCK_DOCS, &best[r]);
-            }
+            nk_ice_screen_block(q, d, first_query, first_doc, docs, query_groups, single_chunk, scores, &group);
+            nk_ice_candidates(q, d, &group, first_query, rows, first_doc, docs, scores, decoded_query);
         }
         for (uint64_t r = 0; r < rows; ++r)
-            total += q->inv_norms[first_query + r] == 0.0 ? 1.0 : nk_distance_from_cos(best[r]);
+            total += q->inv_norms[first_query + r] == 0.0 ? 1.0 : nk_distance_from_cos(group.best[r]);
     }
     return total;
 }

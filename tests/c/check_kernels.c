@@ -16,8 +16,8 @@ static double normal(void) {
     return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
 }
 
-enum { kind_random, kind_near_ties, kind_outliers, kind_zero_rows, kind_negative, kind_count };
-static char const *kind_names[] = {"random", "near_ties", "outliers", "zero_rows", "negative"};
+enum { kind_random, kind_near_ties, kind_outliers, kind_zero_rows, kind_negative, kind_zero_docs, kind_all_candidates, kind_count };
+static char const *kind_names[] = {"random", "near_ties", "outliers", "zero_rows", "negative", "zero_docs", "all_candidates"};
 
 static void fill(double *x, uint64_t rows, uint64_t depth, int kind, double const *anchor) {
     for (uint64_t r = 0; r < rows; ++r)
@@ -28,6 +28,8 @@ static void fill(double *x, uint64_t rows, uint64_t depth, int kind, double cons
             if (kind == kind_zero_rows && r % 3 == 1) v = 0.0;
             if (kind == kind_negative) v = -fabs(v); /* every cosine of a pair of such rows is positive... */
             if (kind == kind_negative && r % 2) v = -v; /* ...except across halves, so negatives occur */
+            if (kind == kind_zero_docs && anchor) v = 0.0;                          /* every document row zero */
+            if (kind == kind_all_candidates && anchor) v = anchor[k] + 1e-7 * v; /* every row a candidate */
             x[r * depth + k] = v;
         }
 }
@@ -56,7 +58,7 @@ int main(void) {
     uint64_t available = nk_capabilities_available();
     /* Every depth x shape, plus cases that cross the kernels' internal blocking: many documents,
      * many query rows, depths that chunk the screening, and one depth beyond int8 screening. */
-    static uint64_t const extra[][3] = {{64, 3, 1100}, {64, 70, 600}, {129, 130, 33}, {4100, 3, 40}, {65537, 2, 5}};
+    static uint64_t const extra[][3] = {{64, 3, 1100}, {64, 70, 600}, {129, 130, 33}, {4100, 3, 40}, {65536, 2, 17}, {65537, 2, 5}};
     size_t depth_count = sizeof(depths) / sizeof(depths[0]), shape_count = sizeof(shapes) / sizeof(shapes[0]);
     size_t case_count = depth_count * shape_count + sizeof(extra) / sizeof(extra[0]);
     int failures = 0, checks = 0;
@@ -71,7 +73,7 @@ int main(void) {
                 uint64_t nd = c < depth_count * shape_count ? shapes[c % shape_count][1] : extra[e][2];
                 double *xq = malloc(nq * depth * sizeof(double)), *xd = malloc(nd * depth * sizeof(double));
                 fill(xq, nq, depth, kind, NULL);
-                fill(xd, nd, depth, kind, kind == kind_near_ties ? xq : NULL);
+                fill(xd, nd, depth, kind, kind == kind_near_ties || kind >= kind_zero_docs ? xq : NULL);
                 void *q = pack(xq, nq, depth, dtype), *d = pack(xd, nd, depth, dtype);
                 double reference;
                 nk_maxsim_score(q, d, nk_cap_serial_k, &reference);
