@@ -7,7 +7,7 @@
  *
  * Work is done per group of 8 query rows against blocks of up to 1024 document rows. The stack
  * holds a 32 KB buffer of bounds, an 8 KB signed copy of the query group's screening bytes, an
- * 8 KB float64 copy of one query row and a 1 KB candidate list; nothing else is allocated.
+ * 8 KB float64 copy of one query row and 8 KB of candidate lists; nothing else is allocated.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -20,6 +20,7 @@
 #define NK_ICE_CHUNK_GROUPS 256u   /* 4-byte depth groups per pass over the query buffer (depth 1024) */
 #define NK_ICE_LIST 128u           /* candidates collected per row before rescoring them best-first */
 #define NK_ICE_DECODED_DEPTH 1024u /* deepest query row decoded to float64 on the stack (8 KB) */
+#define NK_ICE_PREFETCH_BYTES 1024u /* leading bytes of each candidate row prefetched before rescoring */
 
 #define NK_ICE_INLINE static inline __attribute__((always_inline))
 
@@ -495,15 +496,29 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
     double thresholds[NK_ICE_ROWS];
     float cuts[NK_ICE_ROWS];
     nk_ice_thresholds(group, thresholds, cuts);
-    float list_upper[NK_ICE_LIST];
-    int32_t list_doc[NK_ICE_LIST];
+    /* Two passes: collect every row's candidates and prefetch their stored rows first, so the
+     * cache misses of a whole group overlap (a corpus does not fit in cache), then rescore. */
+    float list_upper[NK_ICE_ROWS][NK_ICE_LIST];
+    int32_t list_doc[NK_ICE_ROWS][NK_ICE_LIST];
+    unsigned counts[NK_ICE_ROWS];
+    uint64_t next_tile[NK_ICE_ROWS];
+    size_t prefetch_bytes = row_bytes < NK_ICE_PREFETCH_BYTES ? row_bytes : NK_ICE_PREFETCH_BYTES;
     for (uint64_t r = 0; r < rows; ++r) {
-        uint64_t i = first_query + r;
-        if (q->inv_norms[i] == 0.0) continue;
-        float const *row_scores = scores + r * NK_ICE_BLOCK_DOCS;
-        uint64_t tile = 0;
-        unsigned count = nk_ice_scan(row_scores, &tile, tiles, cuts[r], list_upper, list_doc);
+        counts[r] = 0, next_tile[r] = tiles;
+        if (q->inv_norms[first_query + r] == 0.0) continue;
+        next_tile[r] = 0;
+        counts[r] = nk_ice_scan(scores + r * NK_ICE_BLOCK_DOCS, &next_tile[r], tiles, cuts[r], list_upper[r],
+                                list_doc[r]);
+        for (unsigned c = 0; c < counts[r]; ++c) {
+            char const *d_row = (char const *)d->values + (first_doc + (uint64_t)list_doc[r][c]) * row_bytes;
+            for (size_t line = 0; line < prefetch_bytes; line += 64) _mm_prefetch(d_row + line, _MM_HINT_T0);
+        }
+    }
+    for (uint64_t r = 0; r < rows; ++r) {
+        uint64_t i = first_query + r, tile = next_tile[r];
+        unsigned count = counts[r];
         if (!count) continue;
+        float const *row_scores = scores + r * NK_ICE_BLOCK_DOCS;
         void const *q_row = (char const *)q->values + i * row_bytes;
         /* Decode the query row once when it has several candidates (float64 rows are used in place). */
         double const *decoded = NULL;
@@ -514,11 +529,11 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
         }
         nk_ice_row_t row = {q,    d, q_row, decoded, row_bytes, first_doc, q->inv_norms[i], group->inv_scale[r],
                             group->offset[r], &group->best[r], thresholds[r]};
-        float cut = nk_ice_drain(&row, list_upper, list_doc, count, cuts[r]);
+        float cut = nk_ice_drain(&row, list_upper[r], list_doc[r], count, cuts[r]);
         /* A full list stopped the scan early: continue it with the raised cut. */
         while (tile < tiles) {
-            count = nk_ice_scan(row_scores, &tile, tiles, cut, list_upper, list_doc);
-            cut = nk_ice_drain(&row, list_upper, list_doc, count, cut);
+            count = nk_ice_scan(row_scores, &tile, tiles, cut, list_upper[r], list_doc[r]);
+            cut = nk_ice_drain(&row, list_upper[r], list_doc[r], count, cut);
         }
     }
 }

@@ -133,8 +133,7 @@ cdef MaxSimPackedCorpus _wrap_corpus(object data):
     if (<uintptr_t>corpus._view.buf) % 64 == 0:
         corpus.data = corpus._view.buf
     else:
-        if posix_memalign(&copy, 64, <size_t>max(corpus.nbytes, 1)) != 0:
-            raise MemoryError(f"cannot allocate {corpus.nbytes} bytes for a packed corpus")
+        copy = _packed_alloc(corpus.nbytes, "corpus")
         memcpy(copy, corpus._view.buf, <size_t>corpus.nbytes)
         corpus.data = copy
         corpus.owns_data = True
@@ -206,9 +205,7 @@ def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, capabilities=N
     counts = np.array([matrix.shape[0] for matrix in matrices], dtype=np.uint64)
     cdef uint64_t[::1] lengths = counts
     cdef uint64_t nbytes = _corpus_size(counts, depth, code)
-    cdef void *data = NULL
-    if posix_memalign(&data, 64, <size_t>nbytes) != 0:
-        raise MemoryError(f"cannot allocate {nbytes} bytes for a packed corpus")
+    cdef void *data = _packed_alloc(nbytes, "corpus")
     cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
     corpus.data = data
     corpus.owns_data = True
