@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Benchmark numkong's MaxSim against NumPy, torch, maxsim-cpu and (optionally) another numkong build.
 
+Pairs (one query vs one document) run on one thread pinned to one CPU; batched reranking (one query
+vs a 1,000-document corpus) then runs on 1 and on all cores, against maxsim-cpu's
+maxsim_scores_variable (which uses all cores).
+
     python tools/bench.py [--quick] [--json PATH] [--families] [--anchor-python PATH/TO/python]
 
 Everything runs on one thread pinned to one CPU. For numkong the timed call is maxsim_packed() on
@@ -211,12 +215,49 @@ def implementations(queries, documents, dtype, families, anchor):
     return impls
 
 
+CORPUS_CASES = {"1000 docs x 180": lambda rng: np.full(1000, 180),
+                "1000 docs x 50..800": lambda rng: rng.integers(50, 801, 1000)}
+
+
+def corpus_cases(rounds, target):
+    """One 32 x 128 float32 query against 1,000 documents: numkong on 1 and all threads vs maxsim-cpu."""
+    import numkong as nk
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    print(f"\nBatched reranking: one 32 x 128 float32 query vs a corpus ({threads} threads available)")
+    print(f"{'corpus':<20} {'impl':<22} {'ms':>9} {'t/ours':>7} {'max rel err':>11}")
+    records = []
+    for label, lengths_of in CORPUS_CASES.items():
+        rng = np.random.default_rng(7)
+        query = unit_rows(rng.standard_normal((32, 128), dtype=np.float32))
+        documents = [unit_rows(rng.standard_normal((int(n), 128), dtype=np.float32)) for n in lengths_of(rng)]
+        packed_query, corpus = nk.maxsim_pack(query), nk.maxsim_pack_corpus(documents)
+        expected = np.array([reference(query, document) for document in documents])
+        functions = {f"numkong threads={count}": (lambda count=count: nk.maxsim_packed_corpus(
+            packed_query, corpus, threads=count)) for count in sorted({1, threads})}
+        with contextlib.suppress(ImportError):
+            import maxsim_cpu
+            functions["maxsim-cpu (all cores)"] = lambda: len(query) - np.asarray(
+                maxsim_cpu.maxsim_scores_variable(query, documents), dtype=np.float64)
+        best = {name: float("inf") for name in functions}
+        for _ in range(rounds):
+            for name, function in functions.items():
+                best[name] = min(best[name], per_call_seconds(function, max(target, 0.05)))
+        ours = best[f"numkong threads={threads}"]
+        for name, function in functions.items():
+            error = float(np.max(np.abs(function() - expected) / expected))
+            print(f"{label:<20} {name:<22} {best[name] * 1e3:>9.2f} {best[name] / ours:>7.2f} {error:>11.1e}")
+            records.append({"corpus": label, "impl": name, "ms": best[name] * 1e3, "ratio": best[name] / ours,
+                            "max_rel_error": error})
+    return records
+
+
 def run(args):
     """Pin, print the families, time every case with interleaved rounds, print and save the table."""
     import numkong as nk
 
-    if hasattr(os, "sched_setaffinity"):
-        cpu = args.cpu if args.cpu is not None else min(os.sched_getaffinity(0))
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    if allowed:
+        cpu = args.cpu if args.cpu is not None else min(allowed)
         os.sched_setaffinity(0, {cpu})  # the anchor worker, started later, inherits it
         print(f"pinned to CPU {cpu}")
     limits = contextlib.nullcontext()
@@ -266,9 +307,13 @@ def run(args):
     sizes = packed_sizes(anchor)
     if anchor:
         anchor.close()
+    if allowed:
+        os.sched_setaffinity(0, allowed)  # batched reranking uses every core
+    corpus = corpus_cases(rounds, target)
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"meta": meta, "results": records, "packed_bytes_per_row": sizes}, file, indent=1)
+            json.dump({"meta": meta, "results": records, "packed_bytes_per_row": sizes, "corpus": corpus}, file,
+                      indent=1)
         print(f"\nwrote {args.json}")
 
 

@@ -82,3 +82,22 @@ class Score:
 
     def time_score(self, dtype, shape, family):
         nk.maxsim_packed(self.queries, self.documents, capabilities=self.flag)
+
+
+class Corpus:
+    """maxsim_packed_corpus(): one 32 x 128 float32 query against 1,000 documents, on 1 and 2 threads."""
+
+    params = (["180", "50..800"], [1, 2])
+    param_names = ["lengths", "threads"]
+    timeout = 300
+
+    def setup(self, lengths, threads):
+        if not hasattr(nk, "maxsim_packed_corpus"):
+            raise NotImplementedError("this commit has no packed corpora")
+        rng = np.random.default_rng(7)
+        counts = np.full(1000, 180) if lengths == "180" else rng.integers(50, 801, 1000)
+        self.query = nk.maxsim_pack(rng.standard_normal((32, 128), dtype=np.float32))
+        self.corpus = nk.maxsim_pack_corpus([rng.standard_normal((int(n), 128), dtype=np.float32) for n in counts])
+
+    def time_score_corpus(self, lengths, threads):
+        nk.maxsim_packed_corpus(self.query, self.corpus, threads=threads)
