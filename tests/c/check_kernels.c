@@ -58,7 +58,8 @@ int main(void) {
     uint64_t available = nk_capabilities_available();
     /* Every depth x shape, plus cases that cross the kernels' internal blocking: many documents,
      * many query rows, depths that chunk the screening, and one depth beyond int8 screening. */
-    static uint64_t const extra[][3] = {{64, 3, 1100}, {64, 70, 600}, {129, 130, 33}, {4100, 3, 40}, {65536, 2, 17}, {65537, 2, 5}};
+    static uint64_t const extra[][3] = {{64, 3, 1100}, {64, 70, 600}, {129, 130, 33}, {4100, 3, 40}, {65536, 2, 17}, {65537, 2, 5},
+                                         {64, 1, 2000}, {33, 16, 23}, {33, 16, 40}};
     size_t depth_count = sizeof(depths) / sizeof(depths[0]), shape_count = sizeof(shapes) / sizeof(shapes[0]);
     size_t case_count = depth_count * shape_count + sizeof(extra) / sizeof(extra[0]);
     int failures = 0, checks = 0;

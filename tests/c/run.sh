@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the kernels and tests/c/check_kernels.c with gcc and run every family this CPU has
 # against serial. Usage: tests/c/run.sh [build-dir]
+# Memory checking: CFLAGS="-fsanitize=address,undefined" (valgrind 3.19 cannot decode AVX-512).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
