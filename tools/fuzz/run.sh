@@ -26,4 +26,4 @@ for name in "${sources[@]}"; do
 done
 "$cc" "${flags[@]}" "${defines[@]}" "$here/fuzz_loaders.c" "$out"/*.o -lm -lpthread -o "$out/fuzz_loaders"
 # Seeds: valid buffers from the C check driver's packer would be best; an empty corpus also works.
-"$out/fuzz_loaders" -max_total_time="$seconds" -rss_limit_mb=4096 -print_final_stats=1 "$corpus"
+"$out/fuzz_loaders" -max_total_time="$seconds" -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$corpus/" "$corpus"
