@@ -16,7 +16,7 @@ libubsan="$(gcc -print-file-name=libubsan.so)"
 cd "$root"
 # CPython's own allocations are not instrumented: leak checking belongs to tools/valgrind.sh.
 LD_PRELOAD="$libasan $libubsan" \
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:strict_init_order=1 \
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:strict_init_order=1:allocator_may_return_null=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 NUMKONG_SANITIZED=1 \
     "$venv/bin/python" -m pytest tests -p no:cacheprovider "$@"

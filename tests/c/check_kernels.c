@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "maxsim_internal.h"
 
@@ -48,7 +49,10 @@ static void *pack(double const *x, uint64_t rows, uint64_t depth, int dtype) {
     return buf;
 }
 
-int main(void) {
+/* `check_kernels quick`: fewer, smaller cases that still cross every tail and blocking boundary
+ * (for slow emulated runs: tests/c/run_arm.sh at SVE vector lengths above 128 bits). */
+int main(int argc, char **argv) {
+    int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     static char const *dtype_names[] = {"", "float64", "float32", "float16", "bfloat16", "e4m3", "e5m2", "e2m3", "e3m2"};
     static uint64_t const depths[] = {1, 3, 4, 17, 64, 128, 129, 1000};
     static uint64_t const shapes[][2] = {{1, 1}, {1, 17}, {5, 3}, {32, 180}, {7, 33}, {40, 300}};
@@ -60,8 +64,18 @@ int main(void) {
      * many query rows, depths that chunk the screening, and one depth beyond int8 screening. */
     static uint64_t const extra[][3] = {{64, 3, 1100}, {64, 70, 600}, {129, 130, 33}, {4100, 3, 40}, {65536, 2, 17}, {65537, 2, 5},
                                          {64, 1, 2000}, {33, 16, 23}, {33, 16, 40}};
-    size_t depth_count = sizeof(depths) / sizeof(depths[0]), shape_count = sizeof(shapes) / sizeof(shapes[0]);
-    size_t case_count = depth_count * shape_count + sizeof(extra) / sizeof(extra[0]);
+    /* Quick mode: odd and round depths, partial tiles, and extras that cross document blocks,
+     * query groups and depth chunks. */
+    static uint64_t const quick_depths[] = {1, 3, 17, 129};
+    static uint64_t const quick_shapes[][2] = {{5, 3}, {7, 33}, {19, 70}};
+    static uint64_t const quick_extra[][3] = {{64, 3, 1100}, {20, 19, 40}, {1100, 2, 9}};
+    uint64_t const *depth_list = quick ? quick_depths : depths;
+    uint64_t const(*shape_list)[2] = quick ? quick_shapes : shapes;
+    uint64_t const(*extra_list)[3] = quick ? quick_extra : extra;
+    size_t depth_count = quick ? sizeof(quick_depths) / sizeof(quick_depths[0]) : sizeof(depths) / sizeof(depths[0]);
+    size_t shape_count = quick ? sizeof(quick_shapes) / sizeof(quick_shapes[0]) : sizeof(shapes) / sizeof(shapes[0]);
+    size_t extra_count = quick ? sizeof(quick_extra) / sizeof(quick_extra[0]) : sizeof(extra) / sizeof(extra[0]);
+    size_t case_count = depth_count * shape_count + extra_count;
     int failures = 0, checks = 0;
     for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); ++f)
         printf("%s: %s\n", family_names[f], (available & families[f]) ? "checked" : "not available");
@@ -69,9 +83,9 @@ int main(void) {
         for (size_t c = 0; c < case_count; ++c)
             for (int kind = 0; kind < kind_count; ++kind) {
                 size_t e = c - depth_count * shape_count;
-                uint64_t depth = c < depth_count * shape_count ? depths[c / shape_count] : extra[e][0];
-                uint64_t nq = c < depth_count * shape_count ? shapes[c % shape_count][0] : extra[e][1];
-                uint64_t nd = c < depth_count * shape_count ? shapes[c % shape_count][1] : extra[e][2];
+                uint64_t depth = c < depth_count * shape_count ? depth_list[c / shape_count] : extra_list[e][0];
+                uint64_t nq = c < depth_count * shape_count ? shape_list[c % shape_count][0] : extra_list[e][1];
+                uint64_t nd = c < depth_count * shape_count ? shape_list[c % shape_count][1] : extra_list[e][2];
                 double *xq = malloc(nq * depth * sizeof(double)), *xd = malloc(nd * depth * sizeof(double));
                 fill(xq, nq, depth, kind, NULL);
                 fill(xd, nd, depth, kind, kind == kind_near_ties || kind >= kind_zero_docs ? xq : NULL);
