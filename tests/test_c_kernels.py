@@ -31,3 +31,19 @@ def test_every_family_clean_under_address_and_undefined_sanitizers(tmp_path):
     run = _run_driver(tmp_path / "build", SANITIZERS)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert ", 0 failed" in run.stdout
+
+
+def _can_run_arm_driver():
+    have_tools = shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")
+    can_install = shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0
+    return bool(have_tools or can_install)
+
+
+@pytest.mark.skipif(not _can_run_arm_driver(), reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (or root + apt)")
+def test_arm_families_match_serial_under_qemu(tmp_path):
+    """NEON and SVE (128, 256, 512 bits, and with SVE off) against serial, cross-built and emulated."""
+    runs = "max,sve128=on|quick max,sve=off|quick max,sve256=on|quick max|quick"
+    run = subprocess.run(["bash", os.path.join(HERE, "c", "run_arm.sh"), str(tmp_path)], capture_output=True,
+                         text=True, env=dict(os.environ, NK_ARM_RUNS=runs), timeout=1800)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert run.stdout.count(", 0 failed") >= 5, run.stdout[-4000:]
