@@ -474,30 +474,10 @@ static void nk_rescore_candidates(nk_rescore_t const *ctx, uint64_t i, float *up
     *best = best_cos;
 }
 
-/* Depth beyond the int32-safe screening range: every pair exactly. */
-static double nk_maxsim_haswell_exact(nk_rescore_t const *ctx) {
-    nk_maxsim_view_t const *q = ctx->q, *d = ctx->d;
-    double total = 0.0;
-    for (uint64_t i = 0; i < q->vectors; ++i) {
-        if (q->inv_norms[i] == 0.0) {
-            total += 1.0;
-            continue;
-        }
-        void const *q_row = (char const *)q->values + i * ctx->row_bytes;
-        double best = -2.0;
-        for (uint64_t j = 0; j < d->vectors; ++j) {
-            double cos = nk_exact_cos(ctx, i, q_row, j);
-            if (cos > best) best = cos;
-        }
-        total += nk_distance_from_cos(best);
-    }
-    return total;
-}
-
 double nk_maxsim_haswell(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     nk_rescore_t ctx = {q, d, nk_dot_for(q->dtype), nk_dtype_itemsize((int)q->dtype) * (size_t)q->depth};
     if (!ctx.dot) return 0.0; /* unknown dtype: the dispatcher never passes one */
-    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_haswell_exact(&ctx);
+    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     int32_t prepared[NK_HASWELL_QBUF_INTS] __attribute__((aligned(32)));
     float upper[NK_HASWELL_GROUP * NK_HASWELL_BLOCK] __attribute__((aligned(32))); /* or partial int32 dots */

@@ -219,26 +219,6 @@ static inline float nk_ice_round_down(double x) {
     return _mm_cvtss_f32(rounded);
 }
 
-/* Depth too large for int32 screening: every pair exactly. */
-static double nk_ice_exhaustive(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
-    double total = 0.0;
-    for (uint64_t i = 0; i < q->vectors; ++i) {
-        double inv_q = q->inv_norms[i], best = -INFINITY;
-        if (inv_q == 0.0) {
-            total += 1.0;
-            continue;
-        }
-        void const *q_row = (char const *)q->values + i * row_bytes;
-        for (uint64_t j = 0; j < d->vectors; ++j) {
-            double cos = nk_ice_cosine(q, d, q_row, NULL, inv_q, j, row_bytes);
-            if (cos > best) best = cos;
-        }
-        total += nk_distance_from_cos(best);
-    }
-    return total;
-}
-
 /* ---- Screening. ----
  * VNNI multiplies unsigned by signed bytes, and only the signed operand can be a 32-bit memory
  * broadcast. Documents stream as stored (v + 128, unsigned); the small query group is converted
@@ -539,7 +519,7 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
 }
 
 double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_ice_exhaustive(q, d);
+    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     float scores[NK_ICE_ROWS * NK_ICE_BLOCK_DOCS] __attribute__((aligned(64)));
     int32_t query_groups[NK_ICE_CHUNK_GROUPS * NK_ICE_ROWS] __attribute__((aligned(64)));

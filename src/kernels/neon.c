@@ -165,26 +165,6 @@ static inline float nk_neon_round_down(double x) {
     return f;
 }
 
-/* Depth too large for int32 screening: every pair exactly. */
-static double nk_neon_exhaustive(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
-    double total = 0.0;
-    for (uint64_t i = 0; i < q->vectors; ++i) {
-        double inv_q = q->inv_norms[i], best = -INFINITY;
-        if (inv_q == 0.0) {
-            total += 1.0;
-            continue;
-        }
-        void const *q_row = (char const *)q->values + i * row_bytes;
-        for (uint64_t j = 0; j < d->vectors; ++j) {
-            double cos = nk_neon_cosine(q, d, q_row, inv_q, j, row_bytes);
-            if (cos > best) best = cos;
-        }
-        total += nk_distance_from_cos(best);
-    }
-    return total;
-}
-
 /* ---- Screening. ----
  * A document "quad" is 16 bytes of a tile: depths 4g..4g+3 of 4 consecutive rows. The query
  * group's stored words are gathered once into [group][row] order, so one 16-byte load holds
@@ -285,7 +265,7 @@ NK_NEON_INLINE uint32x4_t nk_neon_load_words(void const *source, uint64_t count)
 }
 
 double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_neon_exhaustive(q, d);
+    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     uint32_t scores[NK_NEON_ROWS * NK_NEON_BLOCK_DOCS] __attribute__((aligned(64)));
     float upper[NK_NEON_BLOCK_DOCS] __attribute__((aligned(64)));

@@ -203,25 +203,6 @@ static inline float nk_skl_float_below(double x) {
     return f;
 }
 
-/* Depth beyond the int32-safe screening range (or zero): score every pair exactly. */
-static double nk_skl_exhaustive(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t row_bytes) {
-    double total = 0.0;
-    for (uint64_t i = 0; i < q->vectors; ++i) {
-        double inv_q = q->inv_norms[i];
-        if (inv_q == 0.0) {
-            total += 1.0;
-            continue;
-        }
-        double best = -2.0;
-        for (uint64_t j = 0; j < d->vectors; ++j) {
-            double cos = nk_skl_cosine(q, d, row_bytes, i, inv_q, j);
-            if (cos > best) best = cos;
-        }
-        total += nk_distance_from_cos(best);
-    }
-    return total;
-}
-
 /* ---- Screening ---- */
 
 /* Per query row constants of the bound and of the bias removal. */
@@ -449,7 +430,7 @@ static void nk_skl_gather(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, 
 
 double nk_maxsim_skylake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     uint64_t const depth = q->depth, row_bytes = (uint64_t)nk_dtype_itemsize((int)q->dtype) * depth;
-    if (depth == 0 || depth > NK_SCREEN_MAX_DEPTH) return nk_skl_exhaustive(q, d, row_bytes);
+    if (depth == 0 || depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     uint64_t const screen_depth = q->screen_depth, groups = screen_depth / 4;
     uint64_t const chunks = (groups + NK_SKL_CHUNK_GROUPS - 1) / NK_SKL_CHUNK_GROUPS;

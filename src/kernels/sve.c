@@ -159,26 +159,6 @@ static inline float nk_sve_round_down(double x) {
     return f;
 }
 
-/* Depth too large for int32 screening: every pair exactly. */
-static double nk_sve_exhaustive(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
-    double total = 0.0;
-    for (uint64_t i = 0; i < q->vectors; ++i) {
-        double inv_q = q->inv_norms[i], best = -INFINITY;
-        if (inv_q == 0.0) {
-            total += 1.0;
-            continue;
-        }
-        void const *q_row = (char const *)q->values + i * row_bytes;
-        for (uint64_t j = 0; j < d->vectors; ++j) {
-            double cos = nk_sve_cosine(q, d, q_row, inv_q, j, row_bytes);
-            if (cos > best) best = cos;
-        }
-        total += nk_distance_from_cos(best);
-    }
-    return total;
-}
-
 /* ---- Screening. ---- */
 
 /* A column: `bytes` (<= VL/8) consecutive bytes of each depth group of one tile, starting at
@@ -282,7 +262,7 @@ static void nk_sve_gather_query(nk_maxsim_view_t const *q, uint64_t first, uint6
 }
 
 double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_sve_exhaustive(q, d);
+    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     uint32_t scores[NK_SVE_ROWS * NK_SVE_BLOCK_DOCS] __attribute__((aligned(64)));
     float upper[NK_SVE_BLOCK_DOCS] __attribute__((aligned(64)));
