@@ -15,6 +15,7 @@
 #include <arm_neon.h>
 #include <math.h>
 
+#include "arm_exact.h"
 #include "maxsim_internal.h"
 
 #define NK_NEON_ROWS 8u           /* query rows per group = accumulator rows of the micro-kernel */
@@ -22,148 +23,6 @@
 #define NK_NEON_CHUNK_GROUPS 256u /* 4-byte depth groups per pass over the query buffer (depth 1024) */
 
 #define NK_NEON_INLINE static inline __attribute__((always_inline))
-
-/* ---- Exact float64 dot products of two stored rows, one routine per storage format. ---- */
-
-static double nk_neon_dot_f64(double const *a, double const *b, uint64_t depth) {
-    float64x2_t sum0 = vdupq_n_f64(0), sum1 = vdupq_n_f64(0), sum2 = vdupq_n_f64(0), sum3 = vdupq_n_f64(0);
-    uint64_t k = 0;
-    for (; k + 8 <= depth; k += 8) {
-        sum0 = vfmaq_f64(sum0, vld1q_f64(a + k), vld1q_f64(b + k));
-        sum1 = vfmaq_f64(sum1, vld1q_f64(a + k + 2), vld1q_f64(b + k + 2));
-        sum2 = vfmaq_f64(sum2, vld1q_f64(a + k + 4), vld1q_f64(b + k + 4));
-        sum3 = vfmaq_f64(sum3, vld1q_f64(a + k + 6), vld1q_f64(b + k + 6));
-    }
-    for (; k + 2 <= depth; k += 2) sum0 = vfmaq_f64(sum0, vld1q_f64(a + k), vld1q_f64(b + k));
-    double sum = vaddvq_f64(vaddq_f64(vaddq_f64(sum0, sum1), vaddq_f64(sum2, sum3)));
-    for (; k < depth; ++k) sum += a[k] * b[k];
-    return sum;
-}
-
-/* float32 (and bfloat16) products can overflow or round in float32: widen first, FMA in float64. */
-NK_NEON_INLINE void nk_neon_fma_f32_as_f64(float32x4_t x, float32x4_t y, float64x2_t *low, float64x2_t *high) {
-    *low = vfmaq_f64(*low, vcvt_f64_f32(vget_low_f32(x)), vcvt_f64_f32(vget_low_f32(y)));
-    *high = vfmaq_f64(*high, vcvt_high_f64_f32(x), vcvt_high_f64_f32(y));
-}
-
-static double nk_neon_dot_f32(float const *a, float const *b, uint64_t depth) {
-    float64x2_t sum0 = vdupq_n_f64(0), sum1 = vdupq_n_f64(0), sum2 = vdupq_n_f64(0), sum3 = vdupq_n_f64(0);
-    uint64_t k = 0;
-    for (; k + 8 <= depth; k += 8) {
-        nk_neon_fma_f32_as_f64(vld1q_f32(a + k), vld1q_f32(b + k), &sum0, &sum1);
-        nk_neon_fma_f32_as_f64(vld1q_f32(a + k + 4), vld1q_f32(b + k + 4), &sum2, &sum3);
-    }
-    double sum = vaddvq_f64(vaddq_f64(vaddq_f64(sum0, sum1), vaddq_f64(sum2, sum3)));
-    for (; k < depth; ++k) sum += (double)a[k] * (double)b[k];
-    return sum;
-}
-
-/* bfloat16 is the top half of a float32. */
-NK_NEON_INLINE void nk_neon_fma_bf16x8(uint16x8_t x, uint16x8_t y, float64x2_t sums[4]) {
-    nk_neon_fma_f32_as_f64(vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(x), 16)),
-                           vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(y), 16)), &sums[0], &sums[1]);
-    nk_neon_fma_f32_as_f64(vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(x), 16)),
-                           vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(y), 16)), &sums[2], &sums[3]);
-}
-
-/* Every half-based format: a product of two halves (11-bit significands, exponents within
- * [-24, 15]) is exact in float32, so multiply there and accumulate the exact products in float64. */
-NK_NEON_INLINE void nk_neon_add_f16x8_products(uint16x8_t x, uint16x8_t y, float64x2_t sums[4]) {
-    float32x4_t low = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(x))),
-                                vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(y))));
-    float32x4_t high = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(x))),
-                                 vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(y))));
-    sums[0] = vaddq_f64(sums[0], vcvt_f64_f32(vget_low_f32(low)));
-    sums[1] = vaddq_f64(sums[1], vcvt_high_f64_f32(low));
-    sums[2] = vaddq_f64(sums[2], vcvt_f64_f32(vget_low_f32(high)));
-    sums[3] = vaddq_f64(sums[3], vcvt_high_f64_f32(high));
-}
-
-static inline double nk_neon_sum4(float64x2_t const sums[4]) {
-    return vaddvq_f64(vaddq_f64(vaddq_f64(sums[0], sums[1]), vaddq_f64(sums[2], sums[3])));
-}
-
-/* 16-bit formats, 8 elements a step; the tail goes through zero-padded copies (zeros add nothing). */
-NK_NEON_INLINE double nk_neon_dot_16bit(int is_bf16, uint16_t const *a, uint16_t const *b, uint64_t depth) {
-    float64x2_t sums[4] = {vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0)};
-    uint64_t k = 0;
-    for (; k + 8 <= depth; k += 8) {
-        if (is_bf16) nk_neon_fma_bf16x8(vld1q_u16(a + k), vld1q_u16(b + k), sums);
-        else nk_neon_add_f16x8_products(vld1q_u16(a + k), vld1q_u16(b + k), sums);
-    }
-    if (k < depth) {
-        uint16_t tail_a[8] = {0}, tail_b[8] = {0};
-        memcpy(tail_a, a + k, (size_t)(depth - k) * 2);
-        memcpy(tail_b, b + k, (size_t)(depth - k) * 2);
-        if (is_bf16) nk_neon_fma_bf16x8(vld1q_u16(tail_a), vld1q_u16(tail_b), sums);
-        else nk_neon_add_f16x8_products(vld1q_u16(tail_a), vld1q_u16(tail_b), sums);
-    }
-    return nk_neon_sum4(sums);
-}
-
-/* 8 one-byte minifloats to their exact IEEE half images (the power-of-two scale comes later). */
-NK_NEON_INLINE uint16x8_t nk_neon_minifloat_to_half(int dtype, uint8x8_t bytes) {
-    uint16x8_t x = vmovl_u8(bytes);
-    switch (dtype) {
-    case nk_dtype_e4m3_k:
-        return vorrq_u16(vandq_u16(vshlq_n_u16(x, 8), vdupq_n_u16(0x8000)), vandq_u16(vshlq_n_u16(x, 7), vdupq_n_u16(0x3F80)));
-    case nk_dtype_e5m2_k: return vshlq_n_u16(x, 8);
-    case nk_dtype_e2m3_k:
-        return vorrq_u16(vandq_u16(vshlq_n_u16(x, 10), vdupq_n_u16(0x8000)), vandq_u16(vshlq_n_u16(x, 7), vdupq_n_u16(0x0F80)));
-    default: /* e3m2 */
-        return vorrq_u16(vandq_u16(vshlq_n_u16(x, 10), vdupq_n_u16(0x8000)), vandq_u16(vshlq_n_u16(x, 8), vdupq_n_u16(0x1F00)));
-    }
-}
-
-NK_NEON_INLINE double nk_neon_dot_minifloat(int dtype, uint8_t const *a, uint8_t const *b, uint64_t depth, double scale) {
-    float64x2_t sums[4] = {vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0)};
-    uint64_t k = 0;
-    for (; k + 8 <= depth; k += 8)
-        nk_neon_add_f16x8_products(nk_neon_minifloat_to_half(dtype, vld1_u8(a + k)),
-                                   nk_neon_minifloat_to_half(dtype, vld1_u8(b + k)), sums);
-    if (k < depth) {
-        uint8_t tail_a[8] = {0}, tail_b[8] = {0};
-        memcpy(tail_a, a + k, (size_t)(depth - k));
-        memcpy(tail_b, b + k, (size_t)(depth - k));
-        nk_neon_add_f16x8_products(nk_neon_minifloat_to_half(dtype, vld1_u8(tail_a)),
-                                   nk_neon_minifloat_to_half(dtype, vld1_u8(tail_b)), sums);
-    }
-    /* The power-of-two scales of both operands, exact in float64. */
-    return nk_neon_sum4(sums) * (scale * scale);
-}
-
-static double nk_neon_dot(int dtype, void const *a, void const *b, uint64_t depth) {
-    switch (dtype) {
-    case nk_dtype_float64_k: return nk_neon_dot_f64((double const *)a, (double const *)b, depth);
-    case nk_dtype_float32_k: return nk_neon_dot_f32((float const *)a, (float const *)b, depth);
-    case nk_dtype_float16_k: return nk_neon_dot_16bit(0, (uint16_t const *)a, (uint16_t const *)b, depth);
-    case nk_dtype_bfloat16_k: return nk_neon_dot_16bit(1, (uint16_t const *)a, (uint16_t const *)b, depth);
-    case nk_dtype_e4m3_k:
-        return nk_neon_dot_minifloat(nk_dtype_e4m3_k, (uint8_t const *)a, (uint8_t const *)b, depth, nk_e4m3_half_scale_k);
-    case nk_dtype_e5m2_k:
-        return nk_neon_dot_minifloat(nk_dtype_e5m2_k, (uint8_t const *)a, (uint8_t const *)b, depth, nk_e5m2_half_scale_k);
-    case nk_dtype_e2m3_k:
-        return nk_neon_dot_minifloat(nk_dtype_e2m3_k, (uint8_t const *)a, (uint8_t const *)b, depth, nk_e2m3_half_scale_k);
-    case nk_dtype_e3m2_k:
-        return nk_neon_dot_minifloat(nk_dtype_e3m2_k, (uint8_t const *)a, (uint8_t const *)b, depth, nk_e3m2_half_scale_k);
-    default: return 0.0;
-    }
-}
-
-/* Exact cosine in the contract's order: dot * inv_q * inv_d, 0 for a zero document row. */
-static inline double nk_neon_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, void const *q_row,
-                                    double inv_q, uint64_t doc, size_t row_bytes) {
-    double inv_d = d->inv_norms[doc];
-    if (inv_d == 0.0) return 0.0;
-    return nk_neon_dot((int)q->dtype, q_row, (char const *)d->values + doc * row_bytes, q->depth) * inv_q * inv_d;
-}
-
-/* float32 not above x, so a threshold derived from an exact cosine never excludes a winner. */
-static inline float nk_neon_round_down(double x) {
-    float f = (float)x;
-    if ((double)f > x) f = nextafterf(f, -INFINITY);
-    return f;
-}
 
 /* ---- Screening. ----
  * A document "quad" is 16 bytes of a tile: depths 4g..4g+3 of 4 consecutive rows. The query
@@ -327,7 +186,7 @@ double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
 
                 /* Pass 2: rescore every document whose upper bound reaches the threshold. */
                 void const *q_row = (char const *)q->values + i * row_bytes;
-                float threshold = vmaxvq_f32(best_lower), from_best = nk_neon_round_down(best[r]);
+                float threshold = vmaxvq_f32(best_lower), from_best = nk_arm_round_down(best[r]);
                 if (from_best > threshold) threshold = from_best;
                 for (uint64_t t = 0; t < padded_docs; t += 16) {
                     float32x4_t limit = vdupq_n_f32(threshold);
@@ -342,11 +201,11 @@ double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
                         unsigned lane = (unsigned)__builtin_ctzll(candidates) >> 2;
                         candidates &= ~((uint64_t)0xF << (4 * lane));
                         if (upper[t + lane] < threshold) continue; /* the threshold rose since the compare */
-                        double cos = nk_neon_cosine(q, d, q_row, inv_q, first_doc + t + lane, row_bytes);
+                        double cos = nk_arm_cosine(q, d, q_row, inv_q, first_doc + t + lane, row_bytes);
                         if (cos > best[r]) {
                             best[r] = cos;
                             /* A better exact cosine tightens the threshold for what follows. */
-                            float raised = nk_neon_round_down(cos);
+                            float raised = nk_arm_round_down(cos);
                             if (raised > threshold) threshold = raised;
                         }
                     }

@@ -11,6 +11,8 @@
  * is 1 column at VL >= 512 and 4 at VL 128; predicates cover partial tiles and wide vectors.
  * Query rows are gathered into [group][row] words and replicated per 128-bit segment with LD1RQ,
  * so the indexed UDOT selects the same query row in every segment whatever the VL.
+ * Exact rescoring is the Advanced SIMD code of arm_exact.h, shared with the neon family: its
+ * float64 throughput matches SVE's on 128- and 256-bit cores.
  *
  * Work: groups of 8 query rows against blocks of up to 512 document rows; stack use is a 16 KB
  * score buffer, a 2 KB bound buffer, an 8 KB query buffer and a 2 KB column table.
@@ -19,6 +21,7 @@
 #include <arm_sve.h>
 #include <math.h>
 
+#include "arm_exact.h"
 #include "maxsim_internal.h"
 
 #define NK_SVE_ROWS 8u           /* query rows per group = accumulator rows of the micro-kernel */
@@ -27,137 +30,6 @@
 #define NK_SVE_MAX_COLUMNS (NK_SVE_BLOCK_DOCS / 4u) /* at VL 128 a column holds 4 documents */
 
 #define NK_SVE_INLINE static inline __attribute__((always_inline))
-
-/* ---- Exact float64 dot products of two stored rows. ----
- * These use Advanced SIMD, which every SVE core has: on the 128- and 256-bit SVE cores (Neoverse
- * V1/V2, Graviton 3/4) its float64 FMA throughput equals SVE's, rescoring touches only a few
- * candidates per query row, and emulators run it an order of magnitude faster than SVE floating
- * point. Narrow formats go through their exact IEEE half images; float32 and bfloat16 are
- * widened to float64 before multiplying (their products could overflow or round in float32). */
-
-static double nk_sve_dot_f64(double const *a, double const *b, uint64_t depth) {
-    float64x2_t sum0 = vdupq_n_f64(0), sum1 = vdupq_n_f64(0), sum2 = vdupq_n_f64(0), sum3 = vdupq_n_f64(0);
-    uint64_t k = 0;
-    for (; k + 8 <= depth; k += 8) {
-        sum0 = vfmaq_f64(sum0, vld1q_f64(a + k), vld1q_f64(b + k));
-        sum1 = vfmaq_f64(sum1, vld1q_f64(a + k + 2), vld1q_f64(b + k + 2));
-        sum2 = vfmaq_f64(sum2, vld1q_f64(a + k + 4), vld1q_f64(b + k + 4));
-        sum3 = vfmaq_f64(sum3, vld1q_f64(a + k + 6), vld1q_f64(b + k + 6));
-    }
-    for (; k + 2 <= depth; k += 2) sum0 = vfmaq_f64(sum0, vld1q_f64(a + k), vld1q_f64(b + k));
-    double sum = vaddvq_f64(vaddq_f64(vaddq_f64(sum0, sum1), vaddq_f64(sum2, sum3)));
-    for (; k < depth; ++k) sum += a[k] * b[k];
-    return sum;
-}
-
-NK_SVE_INLINE void nk_sve_fma_f32_as_f64(float32x4_t x, float32x4_t y, float64x2_t *low, float64x2_t *high) {
-    *low = vfmaq_f64(*low, vcvt_f64_f32(vget_low_f32(x)), vcvt_f64_f32(vget_low_f32(y)));
-    *high = vfmaq_f64(*high, vcvt_high_f64_f32(x), vcvt_high_f64_f32(y));
-}
-
-static double nk_sve_dot_f32(float const *a, float const *b, uint64_t depth) {
-    float64x2_t sum0 = vdupq_n_f64(0), sum1 = vdupq_n_f64(0), sum2 = vdupq_n_f64(0), sum3 = vdupq_n_f64(0);
-    uint64_t k = 0;
-    for (; k + 8 <= depth; k += 8) {
-        nk_sve_fma_f32_as_f64(vld1q_f32(a + k), vld1q_f32(b + k), &sum0, &sum1);
-        nk_sve_fma_f32_as_f64(vld1q_f32(a + k + 4), vld1q_f32(b + k + 4), &sum2, &sum3);
-    }
-    double sum = vaddvq_f64(vaddq_f64(vaddq_f64(sum0, sum1), vaddq_f64(sum2, sum3)));
-    for (; k < depth; ++k) sum += (double)a[k] * (double)b[k];
-    return sum;
-}
-
-/* 8 elements of a 16-bit or one-byte format, as exact half bits or (bfloat16) float32 bits. */
-NK_SVE_INLINE void nk_sve_add_products(int dtype, uint16x8_t x, uint16x8_t y, float64x2_t sums[4]) {
-    if (dtype == nk_dtype_bfloat16_k) { /* the top half of a float32 */
-        nk_sve_fma_f32_as_f64(vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(x), 16)),
-                              vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(y), 16)), &sums[0], &sums[1]);
-        nk_sve_fma_f32_as_f64(vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(x), 16)),
-                              vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(y), 16)), &sums[2], &sums[3]);
-        return;
-    }
-    /* Halves: 11-bit significands, exponents within [-24, 15], so the float32 product is exact. */
-    float32x4_t low = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(x))),
-                                vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(y))));
-    float32x4_t high = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(x))),
-                                 vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(y))));
-    sums[0] = vaddq_f64(sums[0], vcvt_f64_f32(vget_low_f32(low)));
-    sums[1] = vaddq_f64(sums[1], vcvt_high_f64_f32(low));
-    sums[2] = vaddq_f64(sums[2], vcvt_f64_f32(vget_low_f32(high)));
-    sums[3] = vaddq_f64(sums[3], vcvt_high_f64_f32(high));
-}
-
-/* 8 elements of a row as 16-bit lanes: stored bits for float16 / bfloat16, half images otherwise. */
-NK_SVE_INLINE uint16x8_t nk_sve_load_16bit(int dtype, void const *row) {
-    if (dtype == nk_dtype_float16_k || dtype == nk_dtype_bfloat16_k) return vld1q_u16((uint16_t const *)row);
-    uint16x8_t x = vmovl_u8(vld1_u8((uint8_t const *)row));
-    switch (dtype) {
-    case nk_dtype_e4m3_k:
-        return vorrq_u16(vandq_u16(vshlq_n_u16(x, 8), vdupq_n_u16(0x8000)), vandq_u16(vshlq_n_u16(x, 7), vdupq_n_u16(0x3F80)));
-    case nk_dtype_e5m2_k: return vshlq_n_u16(x, 8);
-    case nk_dtype_e2m3_k:
-        return vorrq_u16(vandq_u16(vshlq_n_u16(x, 10), vdupq_n_u16(0x8000)), vandq_u16(vshlq_n_u16(x, 7), vdupq_n_u16(0x0F80)));
-    default: /* e3m2 */
-        return vorrq_u16(vandq_u16(vshlq_n_u16(x, 10), vdupq_n_u16(0x8000)), vandq_u16(vshlq_n_u16(x, 8), vdupq_n_u16(0x1F00)));
-    }
-}
-
-/* Square of the power-of-two factor between a minifloat's half image and its value (exact). */
-static inline double nk_sve_scale(int dtype) {
-    double scale = dtype == nk_dtype_e4m3_k   ? nk_e4m3_half_scale_k
-                   : dtype == nk_dtype_e5m2_k ? nk_e5m2_half_scale_k
-                   : dtype == nk_dtype_e2m3_k ? nk_e2m3_half_scale_k
-                   : dtype == nk_dtype_e3m2_k ? nk_e3m2_half_scale_k
-                                              : 1.0;
-    return scale * scale;
-}
-
-/* Formats of 1 or 2 bytes, 8 elements a step; the tail goes through zero-padded copies. */
-NK_SVE_INLINE double nk_sve_dot_narrow(int dtype, void const *a, void const *b, uint64_t depth) {
-    size_t itemsize = dtype == nk_dtype_float16_k || dtype == nk_dtype_bfloat16_k ? 2 : 1;
-    char const *x = (char const *)a, *y = (char const *)b;
-    float64x2_t sums[4] = {vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0)};
-    uint64_t k = 0;
-    for (; k + 8 <= depth; k += 8)
-        nk_sve_add_products(dtype, nk_sve_load_16bit(dtype, x + k * itemsize), nk_sve_load_16bit(dtype, y + k * itemsize), sums);
-    if (k < depth) {
-        uint16_t tail_x[8] = {0}, tail_y[8] = {0}; /* 16 bytes, enough for either item size */
-        memcpy(tail_x, x + k * itemsize, (size_t)(depth - k) * itemsize);
-        memcpy(tail_y, y + k * itemsize, (size_t)(depth - k) * itemsize);
-        nk_sve_add_products(dtype, nk_sve_load_16bit(dtype, tail_x), nk_sve_load_16bit(dtype, tail_y), sums);
-    }
-    double sum = vaddvq_f64(vaddq_f64(vaddq_f64(sums[0], sums[1]), vaddq_f64(sums[2], sums[3])));
-    return sum * nk_sve_scale(dtype);
-}
-
-static double nk_sve_dot(int dtype, void const *a, void const *b, uint64_t depth) {
-    switch (dtype) { /* one specialized loop per format */
-    case nk_dtype_float64_k: return nk_sve_dot_f64((double const *)a, (double const *)b, depth);
-    case nk_dtype_float32_k: return nk_sve_dot_f32((float const *)a, (float const *)b, depth);
-    case nk_dtype_float16_k: return nk_sve_dot_narrow(nk_dtype_float16_k, a, b, depth);
-    case nk_dtype_bfloat16_k: return nk_sve_dot_narrow(nk_dtype_bfloat16_k, a, b, depth);
-    case nk_dtype_e4m3_k: return nk_sve_dot_narrow(nk_dtype_e4m3_k, a, b, depth);
-    case nk_dtype_e5m2_k: return nk_sve_dot_narrow(nk_dtype_e5m2_k, a, b, depth);
-    case nk_dtype_e2m3_k: return nk_sve_dot_narrow(nk_dtype_e2m3_k, a, b, depth);
-    case nk_dtype_e3m2_k: return nk_sve_dot_narrow(nk_dtype_e3m2_k, a, b, depth);
-    default: return 0.0;
-    }
-}
-
-/* Exact cosine in the contract's order: dot * inv_q * inv_d, 0 for a zero document row. */
-static inline double nk_sve_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, void const *q_row,
-                                   double inv_q, uint64_t doc, size_t row_bytes) {
-    double inv_d = d->inv_norms[doc];
-    if (inv_d == 0.0) return 0.0;
-    return nk_sve_dot((int)q->dtype, q_row, (char const *)d->values + doc * row_bytes, q->depth) * inv_q * inv_d;
-}
-
-/* float32 not above x, so a threshold derived from an exact cosine never excludes a winner. */
-static inline float nk_sve_round_down(double x) {
-    float f = (float)x;
-    if ((double)f > x) f = nextafterf(f, -INFINITY);
-    return f;
-}
 
 /* ---- Screening. ---- */
 
@@ -325,7 +197,7 @@ double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
 
                 /* Pass 2: rescore every document whose upper bound reaches the threshold. */
                 void const *q_row = (char const *)q->values + i * row_bytes;
-                float threshold = svmaxv_f32(svptrue_b32(), best_lower), from_best = nk_sve_round_down(best[r]);
+                float threshold = svmaxv_f32(svptrue_b32(), best_lower), from_best = nk_arm_round_down(best[r]);
                 if (from_best > threshold) threshold = from_best;
                 for (uint64_t v = 0; v < docs; v += lanes) {
                     svbool_t pg = svwhilelt_b32_u64(v, docs);
@@ -335,11 +207,11 @@ double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
                         uint64_t lane = svcntp_b32(pg, svbrkb_b_z(pg, hits));
                         hits = svbic_b_z(pg, hits, svbrka_b_z(pg, hits));
                         if (upper[v + lane] < threshold) continue; /* the threshold rose since the compare */
-                        double cos = nk_sve_cosine(q, d, q_row, inv_q, first_doc + v + lane, row_bytes);
+                        double cos = nk_arm_cosine(q, d, q_row, inv_q, first_doc + v + lane, row_bytes);
                         if (cos > best[r]) {
                             best[r] = cos;
                             /* A better exact cosine tightens the threshold for what follows. */
-                            float raised = nk_sve_round_down(cos);
+                            float raised = nk_arm_round_down(cos);
                             if (raised > threshold) threshold = raised;
                         }
                     }
