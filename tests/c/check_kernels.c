@@ -17,8 +17,8 @@ static double normal(void) {
     return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
 }
 
-enum { kind_random, kind_near_ties, kind_outliers, kind_zero_rows, kind_negative, kind_zero_docs, kind_all_candidates, kind_count };
-static char const *kind_names[] = {"random", "near_ties", "outliers", "zero_rows", "negative", "zero_docs", "all_candidates"};
+enum { kind_random, kind_near_ties, kind_outliers, kind_zero_rows, kind_negative, kind_zero_docs, kind_all_candidates, kind_mostly_zero, kind_count };
+static char const *kind_names[] = {"random", "near_ties", "outliers", "zero_rows", "negative", "zero_docs", "all_candidates", "mostly_zero"};
 
 static void fill(double *x, uint64_t rows, uint64_t depth, int kind, double const *anchor) {
     for (uint64_t r = 0; r < rows; ++r)
@@ -31,6 +31,7 @@ static void fill(double *x, uint64_t rows, uint64_t depth, int kind, double cons
             if (kind == kind_negative && r % 2) v = -v; /* ...except across halves, so negatives occur */
             if (kind == kind_zero_docs && anchor) v = 0.0;                          /* every document row zero */
             if (kind == kind_all_candidates && anchor) v = anchor[k] + 1e-7 * v; /* every row a candidate */
+            if (kind == kind_mostly_zero && r % 7 != 3) v = 0.0;                  /* a few nonzero rows */
             x[r * depth + k] = v;
         }
 }
@@ -63,7 +64,7 @@ int main(int argc, char **argv) {
     /* Every depth x shape, plus cases that cross the kernels' internal blocking: many documents,
      * many query rows, depths that chunk the screening, and one depth beyond int8 screening. */
     static uint64_t const extra[][3] = {{64, 3, 1100}, {64, 70, 600}, {129, 130, 33}, {4100, 3, 40}, {65536, 2, 17}, {65537, 2, 5},
-                                         {64, 1, 2000}, {33, 16, 23}, {33, 16, 40}};
+                                         {64, 1, 2000}, {33, 16, 23}, {33, 16, 40}, {1, 28, 28}, {1, 31, 33}};
     /* Quick mode: odd and round depths, partial tiles, and extras that cross document blocks,
      * query groups and depth chunks. */
     static uint64_t const quick_depths[] = {1, 3, 17, 129};
@@ -88,7 +89,8 @@ int main(int argc, char **argv) {
                 uint64_t nd = c < depth_count * shape_count ? shape_list[c % shape_count][1] : extra_list[e][2];
                 double *xq = malloc(nq * depth * sizeof(double)), *xd = malloc(nd * depth * sizeof(double));
                 fill(xq, nq, depth, kind, NULL);
-                fill(xd, nd, depth, kind, kind == kind_near_ties || kind >= kind_zero_docs ? xq : NULL);
+                fill(xd, nd, depth, kind,
+                     kind == kind_near_ties || kind == kind_zero_docs || kind == kind_all_candidates ? xq : NULL);
                 void *q = pack(xq, nq, depth, dtype), *d = pack(xd, nd, depth, dtype);
                 double reference;
                 nk_maxsim_score(q, d, nk_cap_serial_k, &reference);
