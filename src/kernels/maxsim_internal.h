@@ -91,7 +91,9 @@ typedef struct nk_maxsim_view {
     int32_t const *screen_sums;
 } nk_maxsim_view_t;
 
-/* Kernel contract: q and d share dtype and depth, q->vectors >= 0, d->vectors >= 1.
+/* Kernel contract (kernels are reached through nk_maxsim_score, which probes the CPU first: the
+ * sapphireamx family needs that probe's Linux AMX permission request before its first tile
+ * instruction): q and d share dtype and depth, q->vectors >= 0, d->vectors >= 1.
  * Returns sum over query rows of max(0, 1 - max over document rows of cos), where every cosine
  * that decides the maximum is computed as (float64 sum of decoded products) * inv_q * inv_d.
  * A zero query row (inv_norm 0) contributes exactly 1. No allocation, no global state. */

@@ -1,0 +1,1012 @@
+/* Sapphire Rapids AMX family: AMX-INT8 tiles for the screening, AVX-512 for everything else.
+ *
+ * Certified screening as in the other families: an int8 GEMM estimates every cosine from the packed
+ * screening copy, the error bound of maxsim_internal.h turns each estimate into [LB, UB], and only the
+ * documents whose UB reaches the best LB (or the best exact cosine so far) are rescored exactly in
+ * float64. The result is the exact MaxSim.
+ *
+ * The screen section is already an AMX B operand: one 64-byte line holds the same 4 depths of the 16
+ * rows of a tile, so 16 consecutive lines (1 KB) are a 64-deep, 16-column B tile. Documents are used
+ * straight from memory (unsigned, biased by 128); each query tile (16 rows) is transposed once into
+ * signed row-major A tiles on the stack. TDPBSUD then gives dot + 128 * (sum of the query's values),
+ * and the epilogue removes that per-row bias with screen_sums.
+ *
+ * Candidates are rescored best-first, the best of every row together; before an exact float64 dot
+ * product, a float32 one with a proven rounding bound rules out most of the others (section below).
+ *
+ * Stack: 32 KB of screening results, 12 KB of A tiles, 12 KB padded copy of the last document tile,
+ * 8 KB of one decoded query row and about 12 KB of per-row state and candidates. Nothing is allocated.
+ */
+#include <immintrin.h>
+#include <math.h>
+
+#include "maxsim_internal.h"
+
+#define NK_SAMX_BLOCK_DOCS 512u   /* document rows per block (a multiple of 64): 32 KB of u for 16 rows */
+#define NK_SAMX_CHUNK_STEPS 12u   /* 64-deep steps per pass over the A buffer: depth 768 in one pass */
+#define NK_SAMX_STEP_BYTES 1024u  /* one 16 x 64-byte tile */
+#define NK_SAMX_LIST 48u          /* candidates kept per row until the end (at least 16) */
+#define NK_SAMX_DECODED_DEPTH 1024u
+
+#define NK_SAMX_INLINE static inline __attribute__((always_inline))
+
+/* A scratch build can count candidates, float32 checks and float64 rescorings; the library build
+ * does nothing here. */
+#ifndef NK_SAMX_COUNT_RESCORE
+#define NK_SAMX_COUNT_RESCORE() ((void)0)
+#endif
+#ifndef NK_SAMX_COUNT_COLLECT
+#define NK_SAMX_COUNT_COLLECT(n) ((void)0)
+#endif
+#ifndef NK_SAMX_COUNT_CHECK
+#define NK_SAMX_COUNT_CHECK() ((void)0)
+#endif
+
+/* ---- Exact float64 dot products. ----
+ * Every stored format converts exactly to float64 (the minifloats through their IEEE half images,
+ * their power-of-two scale applied once to the sum). A query row with several candidates is decoded
+ * once into float64 on the stack; two half-based rows are multiplied exactly in float32 first. */
+
+NK_SAMX_INLINE __mmask16 nk_samx_tail_mask(uint64_t remaining) {
+    return remaining >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << remaining) - 1u);
+}
+
+/* IEEE half bit patterns of 16 one-byte minifloats. */
+NK_SAMX_INLINE __m256i nk_samx_minifloat_to_half(int dtype, __m128i bytes) {
+    __m256i x = _mm256_cvtepu8_epi16(bytes);
+    switch (dtype) {
+    case nk_dtype_e4m3_k:
+        return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16((short)0x8000)),
+                               _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(0x3F80)));
+    case nk_dtype_e5m2_k: return _mm256_slli_epi16(x, 8);
+    case nk_dtype_e2m3_k:
+        return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 10), _mm256_set1_epi16((short)0x8000)),
+                               _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(0x0F80)));
+    default: /* e3m2 */
+        return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 10), _mm256_set1_epi16((short)0x8000)),
+                               _mm256_and_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16(0x1F00)));
+    }
+}
+
+/* Elements k .. k+15 of a row of `dtype` (only `lanes` of them are read) as two float64 vectors. */
+NK_SAMX_INLINE void nk_samx_load16(int dtype, void const *row, uint64_t k, __mmask16 lanes, __m512d *low,
+                                   __m512d *high) {
+    __m512 wide;
+    switch (dtype) {
+    case nk_dtype_float64_k:
+        *low = _mm512_maskz_loadu_pd((__mmask8)lanes, (double const *)row + k);
+        *high = _mm512_maskz_loadu_pd((__mmask8)(lanes >> 8), (double const *)row + k + 8);
+        return;
+    case nk_dtype_float32_k:
+        *low = _mm512_cvtps_pd(_mm256_maskz_loadu_ps((__mmask8)lanes, (float const *)row + k));
+        *high = _mm512_cvtps_pd(_mm256_maskz_loadu_ps((__mmask8)(lanes >> 8), (float const *)row + k + 8));
+        return;
+    case nk_dtype_float16_k: {
+        uint16_t const *halves = (uint16_t const *)row + k;
+        *low = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)lanes, halves)));
+        *high = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)(lanes >> 8), halves + 8)));
+        return;
+    }
+    case nk_dtype_bfloat16_k:
+        wide = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, (uint16_t const *)row + k)), 16));
+        break;
+    default:
+        wide = _mm512_cvtph_ps(
+            nk_samx_minifloat_to_half(dtype, _mm_maskz_loadu_epi8(lanes, (uint8_t const *)row + k)));
+        break;
+    }
+    *low = _mm512_cvtps_pd(_mm512_castps512_ps256(wide));
+    *high = _mm512_cvtps_pd(_mm512_extractf32x8_ps(wide, 1));
+}
+
+/* Square of the power of two that the minifloats' half images are scaled by. */
+static double nk_samx_product_scale(int dtype) {
+    switch (dtype) {
+    case nk_dtype_e4m3_k: return (double)nk_e4m3_half_scale_k * nk_e4m3_half_scale_k;
+    case nk_dtype_e5m2_k: return (double)nk_e5m2_half_scale_k * nk_e5m2_half_scale_k;
+    case nk_dtype_e2m3_k: return (double)nk_e2m3_half_scale_k * nk_e2m3_half_scale_k;
+    case nk_dtype_e3m2_k: return (double)nk_e3m2_half_scale_k * nk_e3m2_half_scale_k;
+    default: return 1.0;
+    }
+}
+
+/* Unscaled dot product of `a` (a decoded float64 row when a_dtype is float64) and `b` (stored).
+ * Four accumulators hide the FMA latency; masked loads never read past either row. */
+NK_SAMX_INLINE double nk_samx_dot_kernel(int a_dtype, void const *a, int b_dtype, void const *b, uint64_t depth) {
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
+    __m512d sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
+    __m512d a0, a1, a2, a3, b0, b1, b2, b3;
+    uint64_t k = 0;
+    for (; k + 32 <= depth; k += 32) {
+        nk_samx_load16(a_dtype, a, k, 0xFFFF, &a0, &a1);
+        nk_samx_load16(b_dtype, b, k, 0xFFFF, &b0, &b1);
+        nk_samx_load16(a_dtype, a, k + 16, 0xFFFF, &a2, &a3);
+        nk_samx_load16(b_dtype, b, k + 16, 0xFFFF, &b2, &b3);
+        sum0 = _mm512_fmadd_pd(a0, b0, sum0);
+        sum1 = _mm512_fmadd_pd(a1, b1, sum1);
+        sum2 = _mm512_fmadd_pd(a2, b2, sum2);
+        sum3 = _mm512_fmadd_pd(a3, b3, sum3);
+    }
+    for (; k < depth; k += 16) {
+        __mmask16 lanes = nk_samx_tail_mask(depth - k);
+        nk_samx_load16(a_dtype, a, k, lanes, &a0, &a1);
+        nk_samx_load16(b_dtype, b, k, lanes, &b0, &b1);
+        sum0 = _mm512_fmadd_pd(a0, b0, sum0);
+        sum1 = _mm512_fmadd_pd(a1, b1, sum1);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(sum0, sum1), _mm512_add_pd(sum2, sum3)));
+}
+
+/* 16 elements of a half-based row (float16 or a minifloat's half image) as float32, exactly. */
+NK_SAMX_INLINE __m512 nk_samx_load16_half(int dtype, void const *row, uint64_t k, __mmask16 lanes) {
+    if (dtype == nk_dtype_float16_k)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, (uint16_t const *)row + k));
+    return _mm512_cvtph_ps(nk_samx_minifloat_to_half(dtype, _mm_maskz_loadu_epi8(lanes, (uint8_t const *)row + k)));
+}
+
+/* Unscaled dot product of two stored half-based rows. A product of two halves (11-bit significands)
+ * is exact in float32, so each pair is multiplied there and only the product is widened. */
+NK_SAMX_INLINE double nk_samx_dot_halves(int dtype, void const *a, void const *b, uint64_t depth) {
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
+    __m512d sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
+    uint64_t k = 0;
+    for (; k + 32 <= depth; k += 32) {
+        __m512 product0 = _mm512_mul_ps(nk_samx_load16_half(dtype, a, k, 0xFFFF),
+                                        nk_samx_load16_half(dtype, b, k, 0xFFFF));
+        __m512 product1 = _mm512_mul_ps(nk_samx_load16_half(dtype, a, k + 16, 0xFFFF),
+                                        nk_samx_load16_half(dtype, b, k + 16, 0xFFFF));
+        sum0 = _mm512_add_pd(sum0, _mm512_cvtps_pd(_mm512_castps512_ps256(product0)));
+        sum1 = _mm512_add_pd(sum1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product0, 1)));
+        sum2 = _mm512_add_pd(sum2, _mm512_cvtps_pd(_mm512_castps512_ps256(product1)));
+        sum3 = _mm512_add_pd(sum3, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product1, 1)));
+    }
+    for (; k < depth; k += 16) {
+        __mmask16 lanes = nk_samx_tail_mask(depth - k);
+        __m512 product =
+            _mm512_mul_ps(nk_samx_load16_half(dtype, a, k, lanes), nk_samx_load16_half(dtype, b, k, lanes));
+        sum0 = _mm512_add_pd(sum0, _mm512_cvtps_pd(_mm512_castps512_ps256(product)));
+        sum1 = _mm512_add_pd(sum1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product, 1)));
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(sum0, sum1), _mm512_add_pd(sum2, sum3)));
+}
+
+/* Dot product of two stored rows. */
+static double nk_samx_dot_stored(int dtype, void const *a, void const *b, uint64_t depth) {
+    switch (dtype) {
+    case nk_dtype_float64_k: return nk_samx_dot_kernel(nk_dtype_float64_k, a, nk_dtype_float64_k, b, depth);
+    case nk_dtype_float32_k: return nk_samx_dot_kernel(nk_dtype_float32_k, a, nk_dtype_float32_k, b, depth);
+    case nk_dtype_bfloat16_k: return nk_samx_dot_kernel(nk_dtype_bfloat16_k, a, nk_dtype_bfloat16_k, b, depth);
+    case nk_dtype_float16_k: return nk_samx_dot_halves(nk_dtype_float16_k, a, b, depth);
+#define NK_SAMX_HALVES(format) nk_samx_dot_halves(format, a, b, depth) * nk_samx_product_scale(format)
+    case nk_dtype_e4m3_k: return NK_SAMX_HALVES(nk_dtype_e4m3_k);
+    case nk_dtype_e5m2_k: return NK_SAMX_HALVES(nk_dtype_e5m2_k);
+    case nk_dtype_e2m3_k: return NK_SAMX_HALVES(nk_dtype_e2m3_k);
+    case nk_dtype_e3m2_k: return NK_SAMX_HALVES(nk_dtype_e3m2_k);
+#undef NK_SAMX_HALVES
+    default: return 0.0;
+    }
+}
+
+/* Dot product of a decoded (float64, unscaled) query row with a stored document row. */
+static double nk_samx_dot_decoded(int dtype, double const *a, void const *b, uint64_t depth) {
+    switch (dtype) {
+#define NK_SAMX_DECODED(format) \
+    case format: return nk_samx_dot_kernel(nk_dtype_float64_k, a, format, b, depth) * nk_samx_product_scale(format);
+        NK_SAMX_DECODED(nk_dtype_float64_k)
+        NK_SAMX_DECODED(nk_dtype_float32_k)
+        NK_SAMX_DECODED(nk_dtype_float16_k)
+        NK_SAMX_DECODED(nk_dtype_bfloat16_k)
+        NK_SAMX_DECODED(nk_dtype_e4m3_k)
+        NK_SAMX_DECODED(nk_dtype_e5m2_k)
+        NK_SAMX_DECODED(nk_dtype_e2m3_k)
+        NK_SAMX_DECODED(nk_dtype_e3m2_k)
+#undef NK_SAMX_DECODED
+    default: return 0.0;
+    }
+}
+
+/* out[k] = dot product of stored rows a[k] and b[k], k < n: one loop per format, so consecutive dot
+ * products are independent straight-line work that the core overlaps. */
+static void nk_samx_dot_batch(int dtype, void const *const *a, void const *const *b, unsigned n, uint64_t depth,
+                              double *out) {
+    switch (dtype) {
+#define NK_SAMX_BATCH(format, expression) \
+    case format: \
+        for (unsigned k = 0; k < n; ++k) out[k] = expression; \
+        return;
+        NK_SAMX_BATCH(nk_dtype_float64_k, nk_samx_dot_kernel(nk_dtype_float64_k, a[k], nk_dtype_float64_k, b[k], depth))
+        NK_SAMX_BATCH(nk_dtype_float32_k, nk_samx_dot_kernel(nk_dtype_float32_k, a[k], nk_dtype_float32_k, b[k], depth))
+        NK_SAMX_BATCH(nk_dtype_bfloat16_k,
+                      nk_samx_dot_kernel(nk_dtype_bfloat16_k, a[k], nk_dtype_bfloat16_k, b[k], depth))
+        NK_SAMX_BATCH(nk_dtype_float16_k, nk_samx_dot_halves(nk_dtype_float16_k, a[k], b[k], depth))
+        NK_SAMX_BATCH(nk_dtype_e4m3_k, nk_samx_dot_halves(nk_dtype_e4m3_k, a[k], b[k], depth) *
+                                           nk_samx_product_scale(nk_dtype_e4m3_k))
+        NK_SAMX_BATCH(nk_dtype_e5m2_k, nk_samx_dot_halves(nk_dtype_e5m2_k, a[k], b[k], depth) *
+                                           nk_samx_product_scale(nk_dtype_e5m2_k))
+        NK_SAMX_BATCH(nk_dtype_e2m3_k, nk_samx_dot_halves(nk_dtype_e2m3_k, a[k], b[k], depth) *
+                                           nk_samx_product_scale(nk_dtype_e2m3_k))
+        NK_SAMX_BATCH(nk_dtype_e3m2_k, nk_samx_dot_halves(nk_dtype_e3m2_k, a[k], b[k], depth) *
+                                           nk_samx_product_scale(nk_dtype_e3m2_k))
+#undef NK_SAMX_BATCH
+    default:
+        for (unsigned k = 0; k < n; ++k) out[k] = 0.0;
+    }
+}
+
+/* Decode a stored row into float64 (unscaled), padded with zeros to a multiple of 16. */
+static void nk_samx_decode_row(int dtype, void const *row, uint64_t depth, double *out) {
+    for (uint64_t k = 0; k < depth; k += 16) {
+        __m512d low, high;
+        nk_samx_load16(dtype, row, k, nk_samx_tail_mask(depth - k), &low, &high);
+        _mm512_store_pd(out + k, low);
+        _mm512_store_pd(out + k + 8, high);
+    }
+}
+
+/* ---- Float32 cosines with a proven error bound. ----
+ * Every format but float64 is exact in float32, so a float32 FMA dot product is off only by its own
+ * rounding: with m = the most roundings any product goes through, |error| <= gamma_m sum |a_k b_k|
+ * (gamma_m = m u / (1 - m u), u = 2^-24) plus 2^-149 per operation below the normal range, and
+ * sum |a_k b_k| <= |a| |b| = 1 / (inv_q inv_d) (up to the rounding of the stored inverse norms,
+ * covered by a factor 1.0001). The float64 cosine the contract uses differs from the real one by
+ * less than (depth + 8) 2^-52, which the slack adds too. A non-finite sum means over- or underflow
+ * and no bound at all. It costs about a quarter of the float64 dot product, and it serves twice:
+ * cos + slack below the best exact cosine rules a candidate out, and cos - slack is a lower bound
+ * on the best cosine that tightens the cut between document blocks. */
+
+/* 16 elements of a row as float32 (minifloats as their unscaled half images). */
+NK_SAMX_INLINE __m512 nk_samx_load16_f32(int dtype, void const *row, uint64_t k, __mmask16 lanes) {
+    switch (dtype) {
+    case nk_dtype_float32_k: return _mm512_maskz_loadu_ps(lanes, (float const *)row + k);
+    case nk_dtype_bfloat16_k:
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, (uint16_t const *)row + k)), 16));
+    default: return nk_samx_load16_half(dtype, row, k, lanes);
+    }
+}
+
+NK_SAMX_INLINE float nk_samx_dot_f32_kernel(int dtype, void const *a, void const *b, uint64_t depth) {
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps(), sum2 = _mm512_setzero_ps(), sum3 = sum0;
+    uint64_t k = 0;
+    for (; k + 64 <= depth; k += 64) {
+        sum0 = _mm512_fmadd_ps(nk_samx_load16_f32(dtype, a, k, 0xFFFF), nk_samx_load16_f32(dtype, b, k, 0xFFFF), sum0);
+        sum1 = _mm512_fmadd_ps(nk_samx_load16_f32(dtype, a, k + 16, 0xFFFF),
+                               nk_samx_load16_f32(dtype, b, k + 16, 0xFFFF), sum1);
+        sum2 = _mm512_fmadd_ps(nk_samx_load16_f32(dtype, a, k + 32, 0xFFFF),
+                               nk_samx_load16_f32(dtype, b, k + 32, 0xFFFF), sum2);
+        sum3 = _mm512_fmadd_ps(nk_samx_load16_f32(dtype, a, k + 48, 0xFFFF),
+                               nk_samx_load16_f32(dtype, b, k + 48, 0xFFFF), sum3);
+    }
+    for (; k < depth; k += 16) {
+        __mmask16 lanes = nk_samx_tail_mask(depth - k);
+        sum0 = _mm512_fmadd_ps(nk_samx_load16_f32(dtype, a, k, lanes), nk_samx_load16_f32(dtype, b, k, lanes), sum0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum0, sum1), _mm512_add_ps(sum2, sum3)));
+}
+
+/* The cosine of two stored rows (inv_d > 0) from a float32 dot product, and in *slack how far the
+ * exact cosine can be from it: +inf when nothing can be said. */
+static double nk_samx_cosine_f32(int dtype, void const *a, void const *b, uint64_t depth, double inv_q, double inv_d,
+                                 double *slack) {
+    NK_SAMX_COUNT_CHECK();
+    *slack = INFINITY;
+    float sum;
+    switch (dtype) {
+    case nk_dtype_float32_k: sum = nk_samx_dot_f32_kernel(nk_dtype_float32_k, a, b, depth); break;
+    case nk_dtype_bfloat16_k: sum = nk_samx_dot_f32_kernel(nk_dtype_bfloat16_k, a, b, depth); break;
+    case nk_dtype_float16_k: sum = nk_samx_dot_f32_kernel(nk_dtype_float16_k, a, b, depth); break;
+    case nk_dtype_e4m3_k: sum = nk_samx_dot_f32_kernel(nk_dtype_e4m3_k, a, b, depth); break;
+    case nk_dtype_e5m2_k: sum = nk_samx_dot_f32_kernel(nk_dtype_e5m2_k, a, b, depth); break;
+    case nk_dtype_e2m3_k: sum = nk_samx_dot_f32_kernel(nk_dtype_e2m3_k, a, b, depth); break;
+    case nk_dtype_e3m2_k: sum = nk_samx_dot_f32_kernel(nk_dtype_e3m2_k, a, b, depth); break;
+    default: return 0.0; /* float64 does not fit float32 */
+    }
+    if (!(sum - sum == 0.0f)) return 0.0;
+    /* Roundings per product: the chain of one accumulator lane, the tail, and a generous 24 for
+     * combining accumulators and lanes in any order. */
+    double roundings = (double)(depth / 64 + 1) + 24.0, unit = 0x1p-24;
+    double gamma = roundings * unit / (1.0 - roundings * unit);
+    double scale = nk_samx_product_scale(dtype) * inv_q * inv_d;
+    double underflow = (double)(depth + 64) * 0x1p-149 * scale, contract = (double)(depth + 8) * 0x1p-52;
+    *slack = gamma * 1.0001 + underflow + contract;
+    return (double)sum * scale;
+}
+
+/* Exact cosine in the contract's order: dot * inv_q * inv_d, 0 for a zero document row.
+ * `decoded` is the query row in float64, or NULL to read the stored row. */
+static double nk_samx_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, void const *q_row,
+                             double const *decoded, double inv_q, uint64_t doc, size_t row_bytes) {
+    NK_SAMX_COUNT_RESCORE();
+    double inv_d = d->inv_norms[doc];
+    if (inv_d == 0.0) return 0.0;
+    void const *d_row = (char const *)d->values + doc * row_bytes;
+    double dot = decoded ? nk_samx_dot_decoded((int)q->dtype, decoded, d_row, q->depth)
+                         : nk_samx_dot_stored((int)q->dtype, q_row, d_row, q->depth);
+    return dot * inv_q * inv_d;
+}
+
+/* float32 not above x, so a threshold derived from an exact cosine never excludes a winner. */
+static inline float nk_samx_round_down(double x) {
+    __m128 rounded = _mm_cvt_roundsd_ss(_mm_setzero_ps(), _mm_set_sd(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    return _mm_cvtss_f32(rounded);
+}
+
+/* Depth too large for int32 screening: every pair exactly. */
+static double nk_samx_exhaustive(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
+    double total = 0.0;
+    for (uint64_t i = 0; i < q->vectors; ++i) {
+        double inv_q = q->inv_norms[i], best = -INFINITY;
+        if (inv_q == 0.0) {
+            total += 1.0;
+            continue;
+        }
+        void const *q_row = (char const *)q->values + i * row_bytes;
+        for (uint64_t j = 0; j < d->vectors; ++j) {
+            double cos = nk_samx_cosine(q, d, q_row, NULL, inv_q, j, row_bytes);
+            if (cos > best) best = cos;
+        }
+        total += nk_distance_from_cos(best);
+    }
+    return total;
+}
+
+/* ---- Screening. ----
+ * Bounds are kept in units of the query's screening step s_q, so only per-row constants remain:
+ * with p_j = dot_j * s_d[j] (the estimate is s_q p_j), b = (1 + e_q) / s_q and a = e_q + slack,
+ *   UB_j = s_q u_j + a  with u_j = p_j + b e_j,     LB_j = s_q l_j - a  with l_j = p_j - b e_j.
+ * A row's threshold is max(best LB, best exact cosine) and its cut is (threshold - a) / s_q rounded
+ * down, so document j is a candidate exactly when u_j >= cut.
+ *
+ * A group is one query tile (16 rows); documents go by blocks of NK_SAMX_BLOCK_DOCS. The AMX unit
+ * computes the whole block, four 16 x 16 tiles of dot products at a time, into the block buffer;
+ * then the vector units turn those sums into u in place, with per-lane maxima of l (interleaving the
+ * two measured slower than running them one after the other). Once a block is done its best LB is
+ * known, and one pass over u collects the candidates. */
+
+/* LDTILECFG's 64-byte operand, palette 1. */
+typedef struct nk_samx_tile_config {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+} nk_samx_tile_config_t;
+
+/* Per query group: the constants of each row, what the screening has seen so far, and each row's
+ * candidates (u, l and document index relative to list_base), rescored only after the whole
+ * document matrix has been screened, so that a later, higher threshold still prunes them. */
+typedef struct nk_samx_group {
+    int32_t bias[16];      /* -128 * screen_sums[q]: cancels the documents' +128 offset */
+    float lower[16][16];   /* this block: max of l per lane */
+    float list_upper[16][NK_SAMX_LIST];
+    float list_lower[16][NK_SAMX_LIST];
+    uint32_t list_doc[16][NK_SAMX_LIST];
+    unsigned count[16];
+    unsigned counted[16];  /* entries whose l already raised the threshold */
+    float growth[16];      /* b = (1 + e_q) / s_q */
+    float cut[16];         /* candidates need u >= cut; +inf for rows that take no part */
+    double scale[16];      /* s_q */
+    double inv_scale[16];  /* 1 / s_q */
+    double offset[16];     /* a = e_q + slack */
+    double threshold[16];  /* max(best lower bound, best exact cosine) */
+    double best[16];       /* best exact cosine so far */
+    uint64_t list_base;    /* list_doc entries are relative to this document */
+} nk_samx_group_t;
+
+/* What rescoring needs. */
+typedef struct nk_samx_context {
+    nk_maxsim_view_t const *q, *d;
+    size_t row_bytes;
+    double *decoded; /* room for one query row in float64 */
+    uint64_t first_query;
+} nk_samx_context_t;
+
+/* Transpose a 16 x 16 matrix of 32-bit words held in 16 registers. */
+NK_SAMX_INLINE void nk_samx_transpose16(__m512i r[16]) {
+    __m512i t[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 4; ++i) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 4; ++i) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
+    }
+}
+
+/* Depth steps: G groups of 4 depths make ceil(G / 16) steps of 16 groups. When G is not a multiple
+ * of 16 (and G >= 16), the last step is aligned to end at group G: it covers groups [G - 16, G), the
+ * `pad` = 16 steps - G groups it shares with the step before carry zero query bytes, and a document
+ * tile's last step reads its own last 16 lines, never past the tile. Below 16 groups every document
+ * tile is copied into a padded buffer instead. */
+typedef struct nk_samx_depth {
+    uint64_t groups, steps, pad;
+    int tiny; /* fewer than 16 groups */
+} nk_samx_depth_t;
+
+static nk_samx_depth_t nk_samx_depth_of(uint64_t screen_depth) {
+    nk_samx_depth_t depth;
+    depth.groups = screen_depth / 4;
+    depth.steps = (depth.groups + 15) / 16;
+    depth.tiny = depth.groups < 16;
+    depth.pad = depth.tiny ? 0 : 16 * depth.steps - depth.groups;
+    return depth;
+}
+
+/* Signed A tiles of the query tile starting at row `first` (a multiple of 16) for steps
+ * [step0, step0 + steps): out[s][row][4 k + b] = byte b of group 16 (step0 + s) + k (or of the
+ * end-aligned last step), minus 128. Rows past the end, groups past the depth and shared groups are
+ * zero, so they add nothing. */
+static void nk_samx_build_query_tiles(nk_maxsim_view_t const *q, nk_samx_depth_t const *depth, uint64_t first,
+                                      uint64_t step0, uint64_t steps, int8_t *out) {
+    uint64_t present = q->vectors - first;
+    uint64_t lanes = present < 16 ? present : 16;
+    __mmask16 rows = nk_samx_tail_mask(lanes);
+    uint8_t const *tile = q->screen + first * q->screen_depth;
+    __m512i flip = _mm512_set1_epi32((int)0x80808080u);
+    for (uint64_t s = 0; s < steps; ++s) {
+        __m512i r[16];
+        int last = step0 + s + 1 == depth->steps;
+        uint64_t g = last && depth->pad ? depth->groups - 16 : 16 * (step0 + s);
+        uint64_t skip = last ? depth->pad : 0; /* leading groups the step before already covered */
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; ++k)
+            r[k] = g + (uint64_t)k < depth->groups && (uint64_t)k >= skip
+                       ? _mm512_maskz_xor_epi32(
+                             rows, _mm512_maskz_loadu_epi32(rows, tile + (g + (uint64_t)k) * 4 * lanes), flip)
+                       : _mm512_setzero_si512();
+        nk_samx_transpose16(r);
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; ++k) _mm512_store_si512(out + s * NK_SAMX_STEP_BYTES + 64 * k, r[k]);
+    }
+}
+
+/* Document tile t in B layout with 64-byte lines, groups [g0, g0 + lines) (g0 may be negative):
+ * absent lanes and groups outside the depth read as value 0 (byte 0x80); nothing outside the section
+ * is read. For the partial last tile of the matrix and for tiny depths. */
+static void nk_samx_copy_doc_tile(nk_maxsim_view_t const *d, uint64_t t, int64_t g0, uint64_t lines, uint8_t *out) {
+    int64_t groups = (int64_t)(d->screen_depth / 4);
+    uint64_t first = 16 * t, lanes = d->vectors - first < 16 ? d->vectors - first : 16;
+    __mmask16 rows = nk_samx_tail_mask(lanes);
+    uint8_t const *tile = d->screen + first * d->screen_depth;
+    __m512i zero = _mm512_set1_epi32((int)0x80808080u);
+    for (int64_t g = g0; g < g0 + (int64_t)lines; ++g, out += 64)
+        _mm512_store_si512(out, g >= 0 && g < groups ? _mm512_mask_loadu_epi32(zero, rows, tile + g * 4 * (int64_t)lanes)
+                                                     : zero);
+}
+
+/* Tile registers (GCC's tile intrinsics need literal numbers): 0-3 accumulate four document tiles,
+ * 4 and 5 hold the query tile of even and odd steps, 6 and 7 take turns with the document tiles. */
+
+/* Start the DT (1..4, compile-time) accumulators from `init` (int32 partial sums, tile t at
+ * init + 256 t) or from zero, then run `steps` 64-deep steps. Document tile t's step s is at
+ * doc[t] + 1024 s, except the last, which `tail_back` bytes earlier is end-aligned; the query tile's
+ * is at a_tiles + 1024 s. With `stationary` the query tiles are already in registers 4 and 5 (at
+ * most two steps). */
+NK_SAMX_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *const doc[4], uint64_t steps,
+                                      uint64_t tail_back, int32_t const *init, int stationary, int const DT) {
+    if (init) {
+        _tile_loadd(0, init, 64);
+        if (DT > 1) _tile_loadd(1, init + 256, 64);
+        if (DT > 2) _tile_loadd(2, init + 512, 64);
+        if (DT > 3) _tile_loadd(3, init + 768, 64);
+    } else {
+        _tile_zero(0);
+        if (DT > 1) _tile_zero(1);
+        if (DT > 2) _tile_zero(2);
+        if (DT > 3) _tile_zero(3);
+    }
+    if (stationary && steps == 2) { /* both steps of one document tile back to back: fewer stalls */
+        uint64_t second = NK_SAMX_STEP_BYTES - tail_back;
+        _tile_loadd(6, doc[0], 64);
+        _tile_loadd(7, doc[0] + second, 64);
+        _tile_dpbsud(0, 4, 6);
+        _tile_dpbsud(0, 5, 7);
+        if (DT > 1) {
+            _tile_loadd(6, doc[1], 64);
+            _tile_loadd(7, doc[1] + second, 64);
+            _tile_dpbsud(1, 4, 6);
+            _tile_dpbsud(1, 5, 7);
+        }
+        if (DT > 2) {
+            _tile_loadd(6, doc[2], 64);
+            _tile_loadd(7, doc[2] + second, 64);
+            _tile_dpbsud(2, 4, 6);
+            _tile_dpbsud(2, 5, 7);
+        }
+        if (DT > 3) {
+            _tile_loadd(6, doc[3], 64);
+            _tile_loadd(7, doc[3] + second, 64);
+            _tile_dpbsud(3, 4, 6);
+            _tile_dpbsud(3, 5, 7);
+        }
+        return;
+    }
+    for (uint64_t s = 0, a_offset = 0; s < steps; s += 2, a_offset += 2 * NK_SAMX_STEP_BYTES) {
+        uint64_t offset = s + 1 == steps ? a_offset - tail_back : a_offset;
+        if (!stationary) _tile_loadd(4, a_tiles + a_offset, 64);
+        _tile_loadd(6, doc[0] + offset, 64);
+        _tile_dpbsud(0, 4, 6);
+        if (DT > 1) {
+            _tile_loadd(7, doc[1] + offset, 64);
+            _tile_dpbsud(1, 4, 7);
+        }
+        if (DT > 2) {
+            _tile_loadd(6, doc[2] + offset, 64);
+            _tile_dpbsud(2, 4, 6);
+        }
+        if (DT > 3) {
+            _tile_loadd(7, doc[3] + offset, 64);
+            _tile_dpbsud(3, 4, 7);
+        }
+        if (s + 1 == steps) break;
+        uint64_t odd = a_offset + NK_SAMX_STEP_BYTES - (s + 2 == steps ? tail_back : 0);
+        if (!stationary) _tile_loadd(5, a_tiles + a_offset + NK_SAMX_STEP_BYTES, 64);
+        _tile_loadd(6, doc[0] + odd, 64);
+        _tile_dpbsud(0, 5, 6);
+        if (DT > 1) {
+            _tile_loadd(7, doc[1] + odd, 64);
+            _tile_dpbsud(1, 5, 7);
+        }
+        if (DT > 2) {
+            _tile_loadd(6, doc[2] + odd, 64);
+            _tile_dpbsud(2, 5, 6);
+        }
+        if (DT > 3) {
+            _tile_loadd(7, doc[3] + odd, 64);
+            _tile_dpbsud(3, 5, 7);
+        }
+    }
+}
+
+/* Store the DT accumulators contiguously: tile t at out + 256 t. */
+NK_SAMX_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
+    _tile_stored(0, out, 64);
+    if (DT > 1) _tile_stored(1, out + 256, 64);
+    if (DT > 2) _tile_stored(2, out + 512, 64);
+    if (DT > 3) _tile_stored(3, out + 768, 64);
+}
+
+/* Turn DT stored tiles of biased sums (tile t at sums + 256 t, row r at + 16 r; all lanes present but
+ * possibly the last tile's `last_lanes`) into u in place (absent lanes hold junk that the scan masks
+ * off), raising the per-lane maxima of l. */
+NK_SAMX_INLINE void nk_samx_quad_epilogue(int32_t *sums, uint64_t rows, float const *scales_d, float const *errors_d,
+                                          __mmask16 last_lanes, nk_samx_group_t *group, int const DT) {
+    __m512 scale[4], error[4];
+    __mmask16 lanes[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < DT; ++t) {
+        lanes[t] = t + 1 < DT ? (__mmask16)0xFFFF : last_lanes;
+        scale[t] = _mm512_maskz_loadu_ps(lanes[t], scales_d + 16 * t);
+        error[t] = _mm512_maskz_loadu_ps(lanes[t], errors_d + 16 * t);
+    }
+    for (uint64_t r = 0; r < rows; ++r) {
+        __m512 growth = _mm512_set1_ps(group->growth[r]), lower = _mm512_load_ps(group->lower[r]);
+        __m512i bias = _mm512_set1_epi32(group->bias[r]);
+#pragma GCC unroll 4
+        for (int t = 0; t < DT; ++t) {
+            int32_t *at = sums + 256 * t + 16 * r;
+            __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_load_si512(at), bias)), scale[t]);
+            _mm512_store_ps((float *)(void *)at, _mm512_fmadd_ps(growth, error[t], p));
+            lower = _mm512_mask_max_ps(lower, lanes[t], lower, _mm512_fnmadd_ps(growth, error[t], p));
+        }
+        _mm512_store_ps(group->lower[r], lower);
+    }
+}
+
+/* Rescore row r's candidates, the largest u first, until none reaches the cut; empties the list. */
+static void nk_samx_drain_row(nk_samx_context_t const *context, nk_samx_group_t *group, unsigned r);
+
+/* Append the lanes (documents base .. base + 15) set in `hit` to row r's list, with their u and l. */
+static void nk_samx_append(nk_samx_context_t const *context, nk_samx_group_t *group, unsigned r, __m512 upper,
+                           __m512 lower, __mmask16 hit, uint32_t base) {
+    if (__builtin_expect(group->count[r] + 16 > NK_SAMX_LIST, 0)) {
+        nk_samx_drain_row(context, group, r);
+        hit = _mm512_mask_cmp_ps_mask(hit, upper, _mm512_set1_ps(group->cut[r]), _CMP_GE_OQ);
+    }
+    unsigned count = group->count[r];
+    __m512i docs = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                    _mm512_set1_epi32((int)base));
+    _mm512_storeu_ps(group->list_upper[r] + count, _mm512_maskz_compress_ps(hit, upper));
+    _mm512_storeu_ps(group->list_lower[r] + count, _mm512_maskz_compress_ps(hit, lower));
+    _mm512_storeu_si512(group->list_doc[r] + count, _mm512_maskz_compress_epi32(hit, docs));
+    NK_SAMX_COUNT_COLLECT(__builtin_popcount(hit));
+    group->count[r] = count + (unsigned)__builtin_popcount(hit);
+}
+
+/* Raise row r's threshold with the lower bounds of its newest candidates, s_q l - a. */
+static void nk_samx_raise_row(nk_samx_group_t *group, unsigned r) {
+    if (group->counted[r] >= group->count[r]) return;
+    float lower = -INFINITY;
+    for (unsigned c = group->counted[r]; c < group->count[r]; ++c)
+        lower = group->list_lower[r][c] > lower ? group->list_lower[r][c] : lower;
+    group->counted[r] = group->count[r];
+    double threshold = (double)lower * group->scale[r] - group->offset[r];
+    if (threshold > group->threshold[r]) {
+        group->threshold[r] = threshold;
+        group->cut[r] = nk_samx_round_down((threshold - group->offset[r]) * group->inv_scale[r]);
+    }
+}
+
+/* Raise every row's threshold to the best lower bound of the block and derive the cuts. */
+static void nk_samx_block_cuts(nk_samx_group_t *group) {
+    for (unsigned r0 = 0; r0 < 16; r0 += 8) {
+        double lower[8];
+#pragma GCC unroll 8
+        for (unsigned r = 0; r < 8; ++r) lower[r] = (double)_mm512_reduce_max_ps(_mm512_load_ps(group->lower[r0 + r]));
+        __m512d offset = _mm512_loadu_pd(group->offset + r0);
+        __m512d threshold =
+            _mm512_max_pd(_mm512_fmsub_pd(_mm512_loadu_pd(lower), _mm512_loadu_pd(group->scale + r0), offset),
+                          _mm512_loadu_pd(group->threshold + r0));
+        _mm512_storeu_pd(group->threshold + r0, threshold);
+        __m512d cut = _mm512_mul_pd(_mm512_sub_pd(threshold, offset), _mm512_loadu_pd(group->inv_scale + r0));
+        __m256 cut32 = _mm512_cvt_roundpd_ps(cut, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        __m256 dead = _mm256_loadu_ps(group->cut + r0); /* rows that take no part stay at +inf */
+        _mm256_storeu_ps(group->cut + r0, _mm256_max_ps(cut32, dead));
+    }
+}
+
+/* The scan found candidates among the 16 documents at upper (block tile t) of row r. */
+static __attribute__((noinline)) void nk_samx_scan_hit(nk_samx_context_t const *context, nk_samx_group_t *group,
+                                                       unsigned r, float const *upper, __mmask16 hit, uint64_t first_doc,
+                                                       uint64_t t) {
+    __m512 twice_growth = _mm512_set1_ps(2.0f * group->growth[r]), values = _mm512_load_ps(upper);
+    __m512 error = _mm512_maskz_loadu_ps(hit, context->d->screen_errors + first_doc + 16 * t);
+    nk_samx_append(context, group, r, values, _mm512_fnmadd_ps(twice_growth, error, values), hit,
+                   (uint32_t)(first_doc - group->list_base + 16 * t));
+}
+
+/* Collect every document of the block whose u reaches its row's cut. Candidates are rare, so the
+ * common path is four compares and one branch per 64 documents. */
+static void nk_samx_scan_block(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows,
+                               uint64_t first_doc, uint64_t docs, float const *upper_block) {
+    uint64_t full = docs / 16, tiles = (docs + 15) / 16;
+    __mmask16 tail = (__mmask16)((1u << (docs % 16)) - 1u);
+    for (unsigned r = 0; r < rows; ++r) {
+        if (group->cut[r] == INFINITY) continue;
+        float const *row = upper_block + 16 * r; /* tile t of the row at row + 256 t */
+        __m512 cut = _mm512_set1_ps(group->cut[r]);
+        uint64_t t = 0;
+        for (; t + 4 <= full; t += 4) {
+            __mmask16 hit0 = _mm512_cmp_ps_mask(_mm512_load_ps(row + 256 * t), cut, _CMP_GE_OQ);
+            __mmask16 hit1 = _mm512_cmp_ps_mask(_mm512_load_ps(row + 256 * t + 256), cut, _CMP_GE_OQ);
+            __mmask16 hit2 = _mm512_cmp_ps_mask(_mm512_load_ps(row + 256 * t + 512), cut, _CMP_GE_OQ);
+            __mmask16 hit3 = _mm512_cmp_ps_mask(_mm512_load_ps(row + 256 * t + 768), cut, _CMP_GE_OQ);
+            if (__builtin_expect(_kortestz_mask16_u8(_kor_mask16(hit0, hit1), _kor_mask16(hit2, hit3)), 1)) continue;
+            if (hit0) nk_samx_scan_hit(context, group, r, row + 256 * t, hit0, first_doc, t);
+            if (hit1) nk_samx_scan_hit(context, group, r, row + 256 * t + 256, hit1, first_doc, t + 1);
+            if (hit2) nk_samx_scan_hit(context, group, r, row + 256 * t + 512, hit2, first_doc, t + 2);
+            if (hit3) nk_samx_scan_hit(context, group, r, row + 256 * t + 768, hit3, first_doc, t + 3);
+            cut = _mm512_set1_ps(group->cut[r]); /* a full list was rescored: the cut may have risen */
+        }
+        for (; t < tiles; ++t) {
+            __mmask16 lanes = t < full ? (__mmask16)0xFFFF : tail;
+            __mmask16 hit = _mm512_mask_cmp_ps_mask(lanes, _mm512_load_ps(row + 256 * t), cut, _CMP_GE_OQ);
+            if (hit) nk_samx_scan_hit(context, group, r, row + 256 * t, hit, first_doc, t);
+            cut = _mm512_set1_ps(group->cut[r]);
+        }
+        group->counted[r] = group->count[r];
+    }
+}
+
+/* Screen documents [first_doc, first_doc + docs) (first_doc a multiple of NK_SAMX_BLOCK_DOCS) against
+ * the query group and collect the block's candidates. `query_tiles` / `last_tile` hold the whole
+ * depth when `single_pass`, else they are rebuilt per pass over NK_SAMX_CHUNK_STEPS steps. */
+static void nk_samx_screen_block(nk_samx_context_t const *context, uint64_t rows, uint64_t first_doc, uint64_t docs,
+                                 int8_t *query_tiles, uint8_t *last_tile, int single_pass, float *block_buffer,
+                                 nk_samx_group_t *group) {
+    nk_maxsim_view_t const *q = context->q, *d = context->d;
+    nk_samx_depth_t depth = nk_samx_depth_of(d->screen_depth);
+    uint64_t total_steps = depth.steps, tile_bytes = NK_SCREEN_TILE * d->screen_depth;
+    uint64_t tiles = (docs + 15) / 16, partial = docs % 16;
+    __mmask16 last_lanes = partial ? (__mmask16)((1u << partial) - 1u) : (__mmask16)0xFFFF;
+    /* A partial last tile of the matrix (rows 4 n bytes apart) is read from its padded copy. */
+    int last_is_copy = !depth.tiny && first_doc + docs == d->vectors && partial;
+    uint64_t direct_tiles = last_is_copy ? tiles - 1 : tiles;
+    uint8_t const *block = d->screen + first_doc * d->screen_depth;
+    float const *scales_d = d->screen_scales + first_doc, *errors_d = d->screen_errors + first_doc;
+    if (first_doc + docs - group->list_base > UINT32_MAX) { /* keep list entries 32-bit */
+        for (unsigned r = 0; r < rows; ++r) nk_samx_drain_row(context, group, r);
+        group->list_base = first_doc;
+    }
+    int32_t *sums = (int32_t *)(void *)block_buffer;
+    for (unsigned r = 0; r < 16; ++r) _mm512_store_ps(group->lower[r], _mm512_set1_ps(-INFINITY));
+
+    for (uint64_t step0 = 0; step0 < total_steps; step0 += NK_SAMX_CHUNK_STEPS) {
+        uint64_t steps = total_steps - step0 < NK_SAMX_CHUNK_STEPS ? total_steps - step0 : NK_SAMX_CHUNK_STEPS;
+        int accumulate = step0 != 0, finish = step0 + steps == total_steps;
+        uint64_t tail_back = finish ? 64 * depth.pad : 0;
+        uint8_t const *last_copy = last_tile;
+        if (!single_pass) {
+            nk_samx_build_query_tiles(q, &depth, context->first_query, step0, steps, query_tiles);
+            /* One step of lines before the pass too, for an end-aligned last step that reaches back. */
+            if (last_is_copy)
+                nk_samx_copy_doc_tile(d, (d->vectors - 1) / 16, 16 * (int64_t)step0 - 16, 16 * steps + 16, last_tile);
+            last_copy = last_tile + NK_SAMX_STEP_BYTES;
+        }
+        /* At most two steps: the query tiles stay in registers for the whole pass. */
+        int stationary = steps <= 2;
+        if (stationary) {
+            _tile_loadd(4, query_tiles, 64);
+            if (steps == 2) _tile_loadd(5, query_tiles + NK_SAMX_STEP_BYTES, 64);
+        }
+        uint64_t line0 = step0 * NK_SAMX_STEP_BYTES;
+        /* The AMX unit first, then the vector units: interleaving them costs more than it overlaps. */
+        for (uint64_t t = 0; t < tiles; t += 4) {
+            uint8_t const *doc[4];
+            uint64_t quad = tiles - t < 4 ? tiles - t : 4;
+            for (unsigned u = 0; u < 4; ++u) {
+                if (depth.tiny) { /* a single step of fewer than 16 lines: pad every tile */
+                    if (u < quad) nk_samx_copy_doc_tile(d, first_doc / 16 + t + u, 0, 16, last_tile + u * NK_SAMX_STEP_BYTES);
+                    doc[u] = last_tile + u * NK_SAMX_STEP_BYTES;
+                } else
+                    doc[u] = t + u < direct_tiles ? block + (t + u) * tile_bytes + line0 : last_copy;
+            }
+            int32_t *out = sums + 256 * t;
+            int32_t const *init = accumulate ? out : NULL;
+            switch (quad) {
+            case 4: nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, stationary, 4); nk_samx_quad_store(out, 4); break;
+            case 3: nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, stationary, 3); nk_samx_quad_store(out, 3); break;
+            case 2: nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, stationary, 2); nk_samx_quad_store(out, 2); break;
+            default: nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, stationary, 1); nk_samx_quad_store(out, 1); break;
+            }
+        }
+        if (!finish) continue;
+        for (uint64_t t = 0; t < tiles; t += 4) {
+            int32_t *at = sums + 256 * t;
+            float const *scales = scales_d + 16 * t, *errors = errors_d + 16 * t;
+            switch (tiles - t < 4 ? tiles - t : 4) {
+            case 4: nk_samx_quad_epilogue(at, rows, scales, errors, t + 4 == tiles ? last_lanes : 0xFFFF, group, 4); break;
+            case 3: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, 3); break;
+            case 2: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, 2); break;
+            default: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, 1); break;
+            }
+        }
+    }
+    nk_samx_block_cuts(group);
+    nk_samx_scan_block(context, group, rows, first_doc, docs, block_buffer);
+}
+
+/* ---- Candidates. ---- */
+
+/* Rescore one document for row r; raise best, threshold and cut. */
+static void nk_samx_rescore(nk_samx_context_t const *context, nk_samx_group_t *group, unsigned r, uint64_t doc,
+                            double const *decoded) {
+    nk_maxsim_view_t const *q = context->q;
+    uint64_t i = context->first_query + r;
+    void const *q_row = (char const *)q->values + i * context->row_bytes;
+    double cos = nk_samx_cosine(q, context->d, q_row, decoded, q->inv_norms[i], doc, context->row_bytes);
+    if (cos > group->best[r]) group->best[r] = cos;
+    if (cos > group->threshold[r]) { /* a better exact cosine tightens the cut for what follows */
+        group->threshold[r] = cos;
+        group->cut[r] = nk_samx_round_down((cos - group->offset[r]) * group->inv_scale[r]);
+    }
+}
+
+/* Index of the largest of upper[0 .. count), count > 0, without data-dependent branches (they would
+ * mispredict half the time). */
+static inline unsigned nk_samx_top(float const *upper, unsigned count) {
+    if (count <= 4) {
+        __m128 values = _mm_mask_loadu_ps(_mm_set1_ps(-INFINITY), (__mmask8)((1u << count) - 1u), upper);
+        __m128 largest = _mm_max_ps(values, _mm_shuffle_ps(values, values, _MM_SHUFFLE(2, 3, 0, 1)));
+        largest = _mm_max_ps(largest, _mm_shuffle_ps(largest, largest, _MM_SHUFFLE(1, 0, 3, 2)));
+        return (unsigned)__builtin_ctz(_mm_cmp_ps_mask(values, largest, _CMP_EQ_OQ));
+    }
+    __m512 largest = _mm512_set1_ps(-INFINITY);
+    for (unsigned c = 0; c < count; c += 16)
+        largest = _mm512_max_ps(largest, _mm512_mask_loadu_ps(largest, nk_samx_tail_mask(count - c), upper + c));
+    __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(largest));
+    for (unsigned c = 0;; c += 16) {
+        __mmask16 at = _mm512_mask_cmp_ps_mask(nk_samx_tail_mask(count - c), _mm512_loadu_ps(upper + c), top, _CMP_EQ_OQ);
+        if (at) return c + (unsigned)__builtin_ctz(at);
+    }
+}
+
+/* Take the largest u of row r's list (count > 0) out of it: its document, or UINT64_MAX when even
+ * the largest misses the cut (the list is then emptied). */
+static inline uint64_t nk_samx_pop(nk_samx_group_t *group, unsigned r) {
+    float *upper = group->list_upper[r];
+    uint32_t *doc = group->list_doc[r];
+    unsigned last = group->count[r] - 1, top = nk_samx_top(upper, group->count[r]);
+    if (!(upper[top] >= group->cut[r])) {
+        group->count[r] = group->counted[r] = 0;
+        return UINT64_MAX;
+    }
+    uint64_t chosen = group->list_base + doc[top];
+    upper[top] = upper[last];
+    group->list_lower[r][top] = group->list_lower[r][last];
+    doc[top] = doc[last];
+    group->count[r] = group->counted[r] = last;
+    return chosen;
+}
+
+static void nk_samx_drain_row(nk_samx_context_t const *context, nk_samx_group_t *group, unsigned r) {
+    double const *decoded = NULL;
+    unsigned exact = 0; /* exact dot products so far */
+    nk_samx_raise_row(group, r); /* the list's lower bounds first: a free, higher cut */
+    void const *q_row = (char const *)context->q->values + (context->first_query + r) * context->row_bytes;
+    int screen = context->q->dtype != nk_dtype_float64_k; /* float64 rows have no float32 bound */
+    while (group->count[r]) {
+        uint64_t doc = nk_samx_pop(group, r);
+        if (doc == UINT64_MAX) break;
+        double inv_d = context->d->inv_norms[doc], slack;
+        if (screen && group->best[r] > -INFINITY && inv_d != 0.0 &&
+            nk_samx_cosine_f32((int)context->q->dtype, q_row, (char const *)context->d->values + doc * context->row_bytes,
+                               context->q->depth, context->q->inv_norms[context->first_query + r], inv_d, &slack) +
+                    slack <
+                group->best[r])
+            continue; /* provably below the best exact cosine */
+        if (!decoded && exact++ && context->q->depth <= NK_SAMX_DECODED_DEPTH) {
+            /* a second exact dot product: decode the query row once (float64 rows are used in place) */
+            if (context->q->dtype == nk_dtype_float64_k) decoded = (double const *)q_row;
+            else {
+                nk_samx_decode_row((int)context->q->dtype, q_row, context->q->depth, context->decoded);
+                decoded = context->decoded;
+            }
+        }
+        nk_samx_rescore(context, group, r, doc, decoded);
+    }
+}
+
+/* Rescore the best remaining candidate of every row; 0 when no row had one left. One candidate per
+ * row per round keeps the exact dot products of different rows independent work. */
+static int nk_samx_rescore_round(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows) {
+    nk_maxsim_view_t const *q = context->q, *d = context->d;
+    void const *q_rows[16], *d_rows[16];
+    uint64_t docs[16];
+    unsigned which[16], n = 0;
+    int active = 0;
+    for (unsigned r = 0; r < rows; ++r) {
+        if (!group->count[r]) continue;
+        uint64_t doc = nk_samx_pop(group, r);
+        if (doc == UINT64_MAX) continue;
+        active = 1;
+        if (d->inv_norms[doc] == 0.0) { /* a zero document row: cosine 0 without a dot product */
+            NK_SAMX_COUNT_RESCORE();
+            if (0.0 > group->best[r]) group->best[r] = 0.0;
+            if (0.0 > group->threshold[r]) {
+                group->threshold[r] = 0.0;
+                group->cut[r] = nk_samx_round_down((0.0 - group->offset[r]) * group->inv_scale[r]);
+            }
+            continue;
+        }
+        char const *row = (char const *)d->values + doc * context->row_bytes;
+        q_rows[n] = (char const *)q->values + (context->first_query + r) * context->row_bytes;
+        d_rows[n] = row;
+        docs[n] = doc;
+        which[n++] = r;
+    }
+    if (!n) return active;
+    double dots[16];
+    nk_samx_dot_batch((int)q->dtype, q_rows, d_rows, n, q->depth, dots);
+    for (unsigned k = 0; k < n; ++k) {
+        unsigned r = which[k];
+        NK_SAMX_COUNT_RESCORE();
+        double cos = dots[k] * q->inv_norms[context->first_query + r] * d->inv_norms[docs[k]];
+        if (cos > group->best[r]) group->best[r] = cos;
+        if (cos > group->threshold[r]) { /* a better exact cosine tightens the cut for what follows */
+            group->threshold[r] = cos;
+            group->cut[r] = nk_samx_round_down((cos - group->offset[r]) * group->inv_scale[r]);
+        }
+    }
+    return 1;
+}
+
+/* Between blocks: the float32 cosine of every row's best candidate, minus its slack, is a lower bound
+ * on the best cosine that is nearly as tight as an exact one, and raises the threshold for the next
+ * blocks. The candidates stay in their lists. */
+static void nk_samx_raise_round(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows) {
+    nk_maxsim_view_t const *q = context->q, *d = context->d;
+    for (unsigned r = 0; r < rows; ++r) {
+        unsigned count = group->count[r];
+        if (!count) continue;
+        unsigned top = nk_samx_top(group->list_upper[r], count);
+        uint64_t doc = group->list_base + group->list_doc[r][top];
+        double inv_d = d->inv_norms[doc], slack = 0.0, cos = 0.0; /* a zero row: exactly 0 */
+        if (inv_d != 0.0)
+            cos = nk_samx_cosine_f32((int)q->dtype, (char const *)q->values + (context->first_query + r) * context->row_bytes,
+                                     (char const *)d->values + doc * context->row_bytes, q->depth,
+                                     q->inv_norms[context->first_query + r], inv_d, &slack);
+        double lower = cos - slack;
+        if (lower > group->threshold[r]) {
+            group->threshold[r] = lower;
+            group->cut[r] = nk_samx_round_down((lower - group->offset[r]) * group->inv_scale[r]);
+        }
+    }
+}
+
+/* After the whole document matrix: every row's best candidate together, then each row's remaining
+ * ones with its query row decoded once. */
+static void nk_samx_finish_group(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows) {
+    nk_samx_rescore_round(context, group, rows);
+    /* Which rows still hold a candidate that reaches the cut, found without a branch per row: about
+     * half of them do, so a branch would mispredict every other time. */
+    unsigned pending = 0;
+    for (unsigned r = 0; r < rows; ++r) {
+        __m512 largest = _mm512_set1_ps(-INFINITY);
+        for (unsigned c = 0; c < group->count[r]; c += 16)
+            largest = _mm512_max_ps(
+                largest, _mm512_mask_loadu_ps(largest, nk_samx_tail_mask(group->count[r] - c), group->list_upper[r] + c));
+        pending |= (unsigned)(_mm512_reduce_max_ps(largest) >= group->cut[r]) << r;
+    }
+    for (; pending; pending &= pending - 1) nk_samx_drain_row(context, group, (unsigned)__builtin_ctz(pending));
+}
+
+double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_samx_exhaustive(q, d);
+
+    float block_buffer[16 * NK_SAMX_BLOCK_DOCS] __attribute__((aligned(64)));
+    int8_t query_tiles[NK_SAMX_CHUNK_STEPS * NK_SAMX_STEP_BYTES] __attribute__((aligned(64)));
+    /* The padded last document tile: one pass and one step before it (or four tiles of a tiny depth). */
+    uint8_t last_tile[(NK_SAMX_CHUNK_STEPS + 1) * NK_SAMX_STEP_BYTES] __attribute__((aligned(64)));
+    double decoded_query[NK_SAMX_DECODED_DEPTH] __attribute__((aligned(64)));
+    nk_samx_group_t group __attribute__((aligned(64)));
+    nk_samx_context_t context = {q, d, nk_dtype_itemsize((int)q->dtype) * q->depth, decoded_query, 0};
+
+    nk_samx_depth_t depth = nk_samx_depth_of(d->screen_depth);
+    uint64_t total_steps = depth.steps;
+    int single_pass = total_steps <= NK_SAMX_CHUNK_STEPS;
+    if (single_pass && !depth.tiny && d->vectors % 16)
+        nk_samx_copy_doc_tile(d, (d->vectors - 1) / 16, 0, 16 * total_steps, last_tile);
+
+    nk_samx_tile_config_t config;
+    memset(&config, 0, sizeof(config));
+    config.palette = 1;
+    for (int t = 0; t < 8; ++t) config.bytes_per_row[t] = 64, config.rows[t] = 16;
+    _tile_loadconfig(&config);
+
+    double total = 0.0;
+    for (uint64_t first_query = 0; first_query < q->vectors; first_query += 16) {
+        uint64_t rows = q->vectors - first_query < 16 ? q->vectors - first_query : 16;
+        context.first_query = first_query;
+        for (unsigned r = 0; r < 16; ++r) {
+            uint64_t i = first_query + r;
+            int live = r < rows && q->inv_norms[i] != 0.0;
+            double error_q = live ? q->screen_errors[i] : 0.0, scale_q = live ? q->screen_scales[i] : 1.0;
+            if (!(scale_q > 0.0)) scale_q = 0x1p-126; /* never for a packed nonzero row; keeps b finite */
+            group.bias[r] = live ? -128 * q->screen_sums[i] : 0;
+            group.growth[r] = live ? (float)((1.0 + error_q) / scale_q) : 0.0f;
+            group.cut[r] = live ? -INFINITY : INFINITY;
+            group.scale[r] = scale_q;
+            group.inv_scale[r] = 1.0 / scale_q;
+            group.offset[r] = error_q + nk_screen_slack_k;
+            group.threshold[r] = -INFINITY;
+            group.best[r] = -INFINITY;
+            group.count[r] = group.counted[r] = 0;
+        }
+        group.list_base = 0;
+        if (single_pass) nk_samx_build_query_tiles(q, &depth, first_query, 0, total_steps, query_tiles);
+        for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_SAMX_BLOCK_DOCS) {
+            uint64_t docs = d->vectors - first_doc < NK_SAMX_BLOCK_DOCS ? d->vectors - first_doc : NK_SAMX_BLOCK_DOCS;
+            nk_samx_screen_block(&context, rows, first_doc, docs, query_tiles, last_tile, single_pass, block_buffer,
+                                 &group);
+            /* A near-exact cosine right after the first block gives the later blocks a tighter cut. */
+            if (first_doc == 0 && docs < d->vectors) nk_samx_raise_round(&context, &group, rows);
+        }
+        nk_samx_finish_group(&context, &group, rows);
+        for (uint64_t r = 0; r < rows; ++r)
+            total += q->inv_norms[first_query + r] == 0.0 ? 1.0 : nk_distance_from_cos(group.best[r]);
+    }
+    _tile_release();
+    return total;
+}
