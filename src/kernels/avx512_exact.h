@@ -1,0 +1,214 @@
+/* Exact float64 dot products with AVX-512, shared by the icelake and sapphireamx families (both
+ * compile it with at least AVX-512 F/BW/DQ/VL + F16C): every stored format converts exactly to
+ * float64, the minifloats through their IEEE half images with the power-of-two scale applied once. */
+#ifndef NUMKONG_AVX512_EXACT_H
+#define NUMKONG_AVX512_EXACT_H
+#include <immintrin.h>
+
+#include "maxsim_internal.h"
+
+#define NK_X512_INLINE static inline __attribute__((always_inline))
+
+/* ---- Exact float64 dot products. ----
+ * Every stored format converts exactly to float64 (the minifloats through their IEEE half images,
+ * their power-of-two scale applied once to the sum). A query row with several candidates is decoded
+ * once into float64 on the stack; two half-based rows are multiplied exactly in float32 first. */
+
+NK_X512_INLINE __mmask16 nk_x512_tail_mask(uint64_t remaining) {
+    return remaining >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << remaining) - 1u);
+}
+
+/* IEEE half bit patterns of 16 one-byte minifloats. */
+NK_X512_INLINE __m256i nk_x512_minifloat_to_half(int dtype, __m128i bytes) {
+    __m256i x = _mm256_cvtepu8_epi16(bytes);
+    switch (dtype) {
+    case nk_dtype_e4m3_k:
+        return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16((short)0x8000)),
+                               _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(0x3F80)));
+    case nk_dtype_e5m2_k: return _mm256_slli_epi16(x, 8);
+    case nk_dtype_e2m3_k:
+        return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 10), _mm256_set1_epi16((short)0x8000)),
+                               _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(0x0F80)));
+    default: /* e3m2 */
+        return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 10), _mm256_set1_epi16((short)0x8000)),
+                               _mm256_and_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16(0x1F00)));
+    }
+}
+
+/* Elements k .. k+15 of a row of `dtype` (only `lanes` of them are read) as two float64 vectors. */
+NK_X512_INLINE void nk_x512_load16(int dtype, void const *row, uint64_t k, __mmask16 lanes, __m512d *low,
+                                   __m512d *high) {
+    __m512 wide;
+    switch (dtype) {
+    case nk_dtype_float64_k:
+        *low = _mm512_maskz_loadu_pd((__mmask8)lanes, (double const *)row + k);
+        *high = _mm512_maskz_loadu_pd((__mmask8)(lanes >> 8), (double const *)row + k + 8);
+        return;
+    case nk_dtype_float32_k:
+        *low = _mm512_cvtps_pd(_mm256_maskz_loadu_ps((__mmask8)lanes, (float const *)row + k));
+        *high = _mm512_cvtps_pd(_mm256_maskz_loadu_ps((__mmask8)(lanes >> 8), (float const *)row + k + 8));
+        return;
+    case nk_dtype_float16_k: {
+        uint16_t const *halves = (uint16_t const *)row + k;
+        *low = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)lanes, halves)));
+        *high = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)(lanes >> 8), halves + 8)));
+        return;
+    }
+    case nk_dtype_bfloat16_k:
+        wide = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, (uint16_t const *)row + k)), 16));
+        break;
+    default:
+        wide = _mm512_cvtph_ps(
+            nk_x512_minifloat_to_half(dtype, _mm_maskz_loadu_epi8(lanes, (uint8_t const *)row + k)));
+        break;
+    }
+    *low = _mm512_cvtps_pd(_mm512_castps512_ps256(wide));
+    *high = _mm512_cvtps_pd(_mm512_extractf32x8_ps(wide, 1));
+}
+
+/* Square of the power of two that the minifloats' half images are scaled by. */
+static inline double nk_x512_product_scale(int dtype) {
+    switch (dtype) {
+    case nk_dtype_e4m3_k: return (double)nk_e4m3_half_scale_k * nk_e4m3_half_scale_k;
+    case nk_dtype_e5m2_k: return (double)nk_e5m2_half_scale_k * nk_e5m2_half_scale_k;
+    case nk_dtype_e2m3_k: return (double)nk_e2m3_half_scale_k * nk_e2m3_half_scale_k;
+    case nk_dtype_e3m2_k: return (double)nk_e3m2_half_scale_k * nk_e3m2_half_scale_k;
+    default: return 1.0;
+    }
+}
+
+/* Unscaled dot product of `a` (a decoded float64 row when a_dtype is float64) and `b` (stored).
+ * Four accumulators hide the FMA latency; masked loads never read past either row. */
+NK_X512_INLINE double nk_x512_dot_kernel(int a_dtype, void const *a, int b_dtype, void const *b, uint64_t depth) {
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
+    __m512d sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
+    __m512d a0, a1, a2, a3, b0, b1, b2, b3;
+    uint64_t k = 0;
+    for (; k + 32 <= depth; k += 32) {
+        nk_x512_load16(a_dtype, a, k, 0xFFFF, &a0, &a1);
+        nk_x512_load16(b_dtype, b, k, 0xFFFF, &b0, &b1);
+        nk_x512_load16(a_dtype, a, k + 16, 0xFFFF, &a2, &a3);
+        nk_x512_load16(b_dtype, b, k + 16, 0xFFFF, &b2, &b3);
+        sum0 = _mm512_fmadd_pd(a0, b0, sum0);
+        sum1 = _mm512_fmadd_pd(a1, b1, sum1);
+        sum2 = _mm512_fmadd_pd(a2, b2, sum2);
+        sum3 = _mm512_fmadd_pd(a3, b3, sum3);
+    }
+    for (; k < depth; k += 16) {
+        __mmask16 lanes = nk_x512_tail_mask(depth - k);
+        nk_x512_load16(a_dtype, a, k, lanes, &a0, &a1);
+        nk_x512_load16(b_dtype, b, k, lanes, &b0, &b1);
+        sum0 = _mm512_fmadd_pd(a0, b0, sum0);
+        sum1 = _mm512_fmadd_pd(a1, b1, sum1);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(sum0, sum1), _mm512_add_pd(sum2, sum3)));
+}
+
+/* 16 elements of a half-based row (float16 or a minifloat's half image) as float32, exactly. */
+NK_X512_INLINE __m512 nk_x512_load16_half(int dtype, void const *row, uint64_t k, __mmask16 lanes) {
+    if (dtype == nk_dtype_float16_k)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, (uint16_t const *)row + k));
+    return _mm512_cvtph_ps(nk_x512_minifloat_to_half(dtype, _mm_maskz_loadu_epi8(lanes, (uint8_t const *)row + k)));
+}
+
+/* Unscaled dot product of two stored half-based rows. A product of two halves (11-bit significands)
+ * is exact in float32, so each pair is multiplied there and only the product is widened. */
+NK_X512_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b, uint64_t depth) {
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
+    __m512d sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
+    uint64_t k = 0;
+    for (; k + 32 <= depth; k += 32) {
+        __m512 product0 = _mm512_mul_ps(nk_x512_load16_half(dtype, a, k, 0xFFFF),
+                                        nk_x512_load16_half(dtype, b, k, 0xFFFF));
+        __m512 product1 = _mm512_mul_ps(nk_x512_load16_half(dtype, a, k + 16, 0xFFFF),
+                                        nk_x512_load16_half(dtype, b, k + 16, 0xFFFF));
+        sum0 = _mm512_add_pd(sum0, _mm512_cvtps_pd(_mm512_castps512_ps256(product0)));
+        sum1 = _mm512_add_pd(sum1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product0, 1)));
+        sum2 = _mm512_add_pd(sum2, _mm512_cvtps_pd(_mm512_castps512_ps256(product1)));
+        sum3 = _mm512_add_pd(sum3, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product1, 1)));
+    }
+    for (; k < depth; k += 16) {
+        __mmask16 lanes = nk_x512_tail_mask(depth - k);
+        __m512 product =
+            _mm512_mul_ps(nk_x512_load16_half(dtype, a, k, lanes), nk_x512_load16_half(dtype, b, k, lanes));
+        sum0 = _mm512_add_pd(sum0, _mm512_cvtps_pd(_mm512_castps512_ps256(product)));
+        sum1 = _mm512_add_pd(sum1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product, 1)));
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(sum0, sum1), _mm512_add_pd(sum2, sum3)));
+}
+
+/* Dot product of two stored rows. */
+static inline double nk_x512_dot_stored(int dtype, void const *a, void const *b, uint64_t depth) {
+    switch (dtype) {
+    case nk_dtype_float64_k: return nk_x512_dot_kernel(nk_dtype_float64_k, a, nk_dtype_float64_k, b, depth);
+    case nk_dtype_float32_k: return nk_x512_dot_kernel(nk_dtype_float32_k, a, nk_dtype_float32_k, b, depth);
+    case nk_dtype_bfloat16_k: return nk_x512_dot_kernel(nk_dtype_bfloat16_k, a, nk_dtype_bfloat16_k, b, depth);
+    case nk_dtype_float16_k: return nk_x512_dot_halves(nk_dtype_float16_k, a, b, depth);
+#define NK_X512_HALVES(format) nk_x512_dot_halves(format, a, b, depth) * nk_x512_product_scale(format)
+    case nk_dtype_e4m3_k: return NK_X512_HALVES(nk_dtype_e4m3_k);
+    case nk_dtype_e5m2_k: return NK_X512_HALVES(nk_dtype_e5m2_k);
+    case nk_dtype_e2m3_k: return NK_X512_HALVES(nk_dtype_e2m3_k);
+    case nk_dtype_e3m2_k: return NK_X512_HALVES(nk_dtype_e3m2_k);
+#undef NK_X512_HALVES
+    default: return 0.0;
+    }
+}
+
+/* Dot product of a decoded (float64, unscaled) query row with a stored document row. */
+static inline double nk_x512_dot_decoded(int dtype, double const *a, void const *b, uint64_t depth) {
+    switch (dtype) {
+#define NK_X512_DECODED(format) \
+    case format: return nk_x512_dot_kernel(nk_dtype_float64_k, a, format, b, depth) * nk_x512_product_scale(format);
+        NK_X512_DECODED(nk_dtype_float64_k)
+        NK_X512_DECODED(nk_dtype_float32_k)
+        NK_X512_DECODED(nk_dtype_float16_k)
+        NK_X512_DECODED(nk_dtype_bfloat16_k)
+        NK_X512_DECODED(nk_dtype_e4m3_k)
+        NK_X512_DECODED(nk_dtype_e5m2_k)
+        NK_X512_DECODED(nk_dtype_e2m3_k)
+        NK_X512_DECODED(nk_dtype_e3m2_k)
+#undef NK_X512_DECODED
+    default: return 0.0;
+    }
+}
+
+/* out[k] = dot product of stored rows a[k] and b[k], k < n: one loop per format, so consecutive dot
+ * products are independent straight-line work that the core overlaps. */
+static inline void nk_x512_dot_batch(int dtype, void const *const *a, void const *const *b, unsigned n, uint64_t depth,
+                              double *out) {
+    switch (dtype) {
+#define NK_X512_BATCH(format, expression) \
+    case format: \
+        for (unsigned k = 0; k < n; ++k) out[k] = expression; \
+        return;
+        NK_X512_BATCH(nk_dtype_float64_k, nk_x512_dot_kernel(nk_dtype_float64_k, a[k], nk_dtype_float64_k, b[k], depth))
+        NK_X512_BATCH(nk_dtype_float32_k, nk_x512_dot_kernel(nk_dtype_float32_k, a[k], nk_dtype_float32_k, b[k], depth))
+        NK_X512_BATCH(nk_dtype_bfloat16_k,
+                      nk_x512_dot_kernel(nk_dtype_bfloat16_k, a[k], nk_dtype_bfloat16_k, b[k], depth))
+        NK_X512_BATCH(nk_dtype_float16_k, nk_x512_dot_halves(nk_dtype_float16_k, a[k], b[k], depth))
+        NK_X512_BATCH(nk_dtype_e4m3_k, nk_x512_dot_halves(nk_dtype_e4m3_k, a[k], b[k], depth) *
+                                           nk_x512_product_scale(nk_dtype_e4m3_k))
+        NK_X512_BATCH(nk_dtype_e5m2_k, nk_x512_dot_halves(nk_dtype_e5m2_k, a[k], b[k], depth) *
+                                           nk_x512_product_scale(nk_dtype_e5m2_k))
+        NK_X512_BATCH(nk_dtype_e2m3_k, nk_x512_dot_halves(nk_dtype_e2m3_k, a[k], b[k], depth) *
+                                           nk_x512_product_scale(nk_dtype_e2m3_k))
+        NK_X512_BATCH(nk_dtype_e3m2_k, nk_x512_dot_halves(nk_dtype_e3m2_k, a[k], b[k], depth) *
+                                           nk_x512_product_scale(nk_dtype_e3m2_k))
+#undef NK_X512_BATCH
+    default:
+        for (unsigned k = 0; k < n; ++k) out[k] = 0.0;
+    }
+}
+
+/* Decode a stored row into float64 (unscaled), padded with zeros to a multiple of 16. */
+static inline void nk_x512_decode_row(int dtype, void const *row, uint64_t depth, double *out) {
+    for (uint64_t k = 0; k < depth; k += 16) {
+        __m512d low, high;
+        nk_x512_load16(dtype, row, k, nk_x512_tail_mask(depth - k), &low, &high);
+        _mm512_store_pd(out + k, low);
+        _mm512_store_pd(out + k + 8, high);
+    }
+}
+
+#endif /* NUMKONG_AVX512_EXACT_H */
