@@ -211,4 +211,22 @@ static inline void nk_x512_decode_row(int dtype, void const *row, uint64_t depth
     }
 }
 
+/* Exact cosine in the contract's order: dot * inv_q * inv_d, 0 for a zero document row.
+ * `decoded` is the query row in float64, or NULL to read the stored row. */
+static inline double nk_x512_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, void const *q_row,
+                                   double const *decoded, double inv_q, uint64_t doc, size_t row_bytes) {
+    double inv_d = d->inv_norms[doc];
+    if (inv_d == 0.0) return 0.0;
+    void const *d_row = (char const *)d->values + doc * row_bytes;
+    double dot = decoded ? nk_x512_dot_decoded((int)q->dtype, decoded, d_row, q->depth)
+                         : nk_x512_dot_stored((int)q->dtype, q_row, d_row, q->depth);
+    return dot * inv_q * inv_d;
+}
+
+/* float32 not above x, so a threshold derived from an exact cosine never excludes a winner. */
+static inline float nk_x512_round_down(double x) {
+    __m128 rounded = _mm_cvt_roundsd_ss(_mm_setzero_ps(), _mm_set_sd(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    return _mm_cvtss_f32(rounded);
+}
+
 #endif /* NUMKONG_AVX512_EXACT_H */

@@ -25,24 +25,6 @@
 
 #define NK_ICE_INLINE static inline __attribute__((always_inline))
 
-/* Exact cosine in the contract's order: dot * inv_q * inv_d, 0 for a zero document row.
- * `decoded` is the query row in float64, or NULL to read the stored row. */
-static inline double nk_ice_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, void const *q_row,
-                                   double const *decoded, double inv_q, uint64_t doc, size_t row_bytes) {
-    double inv_d = d->inv_norms[doc];
-    if (inv_d == 0.0) return 0.0;
-    void const *d_row = (char const *)d->values + doc * row_bytes;
-    double dot = decoded ? nk_x512_dot_decoded((int)q->dtype, decoded, d_row, q->depth)
-                         : nk_x512_dot_stored((int)q->dtype, q_row, d_row, q->depth);
-    return dot * inv_q * inv_d;
-}
-
-/* float32 not above x, so a threshold derived from an exact cosine never excludes a winner. */
-static inline float nk_ice_round_down(double x) {
-    __m128 rounded = _mm_cvt_roundsd_ss(_mm_setzero_ps(), _mm_set_sd(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    return _mm_cvtss_f32(rounded);
-}
-
 /* ---- Screening. ----
  * VNNI multiplies unsigned by signed bytes, and only the signed operand can be a 32-bit memory
  * broadcast. Documents stream as stored (v + 128, unsigned); the small query group is converted
@@ -192,12 +174,12 @@ typedef struct nk_ice_row {
 static float nk_ice_drain(nk_ice_row_t *row, float *list_upper, int32_t *list_doc, unsigned count, float cut) {
     if (count == 1) { /* the common case at moderate depth: one finalist, nothing to order */
         if (list_upper[0] >= cut) {
-            double cos = nk_ice_cosine(row->q, row->d, row->q_row, row->decoded, row->inv_q,
+            double cos = nk_x512_cosine(row->q, row->d, row->q_row, row->decoded, row->inv_q,
                                        row->first_doc + (uint64_t)list_doc[0], row->row_bytes);
             if (cos > *row->best) *row->best = cos;
             if (cos > row->threshold) {
                 row->threshold = cos;
-                cut = nk_ice_round_down((cos - row->a) * row->inv_scale_q);
+                cut = nk_x512_round_down((cos - row->a) * row->inv_scale_q);
             }
         }
         return cut;
@@ -207,12 +189,12 @@ static float nk_ice_drain(nk_ice_row_t *row, float *list_upper, int32_t *list_do
         for (unsigned c = 1; c < count; ++c)
             if (list_upper[c] > list_upper[top]) top = c;
         if (!(list_upper[top] >= cut)) break;
-        double cos = nk_ice_cosine(row->q, row->d, row->q_row, row->decoded, row->inv_q,
+        double cos = nk_x512_cosine(row->q, row->d, row->q_row, row->decoded, row->inv_q,
                                    row->first_doc + (uint64_t)list_doc[top], row->row_bytes);
         if (cos > *row->best) *row->best = cos;
         if (cos > row->threshold) { /* a better exact cosine tightens the cut for what follows */
             row->threshold = cos;
-            cut = nk_ice_round_down((cos - row->a) * row->inv_scale_q);
+            cut = nk_x512_round_down((cos - row->a) * row->inv_scale_q);
         }
         --count;
         list_upper[top] = list_upper[count];

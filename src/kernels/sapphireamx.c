@@ -112,45 +112,6 @@ static double nk_samx_cosine_f32(int dtype, void const *a, void const *b, uint64
     return (double)sum * scale;
 }
 
-/* Exact cosine in the contract's order: dot * inv_q * inv_d, 0 for a zero document row.
- * `decoded` is the query row in float64, or NULL to read the stored row. */
-static double nk_samx_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, void const *q_row,
-                             double const *decoded, double inv_q, uint64_t doc, size_t row_bytes) {
-    NK_SAMX_COUNT_RESCORE();
-    double inv_d = d->inv_norms[doc];
-    if (inv_d == 0.0) return 0.0;
-    void const *d_row = (char const *)d->values + doc * row_bytes;
-    double dot = decoded ? nk_x512_dot_decoded((int)q->dtype, decoded, d_row, q->depth)
-                         : nk_x512_dot_stored((int)q->dtype, q_row, d_row, q->depth);
-    return dot * inv_q * inv_d;
-}
-
-/* float32 not above x, so a threshold derived from an exact cosine never excludes a winner. */
-static inline float nk_samx_round_down(double x) {
-    __m128 rounded = _mm_cvt_roundsd_ss(_mm_setzero_ps(), _mm_set_sd(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    return _mm_cvtss_f32(rounded);
-}
-
-/* Depth too large for int32 screening: every pair exactly. */
-static double nk_samx_exhaustive(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
-    double total = 0.0;
-    for (uint64_t i = 0; i < q->vectors; ++i) {
-        double inv_q = q->inv_norms[i], best = -INFINITY;
-        if (inv_q == 0.0) {
-            total += 1.0;
-            continue;
-        }
-        void const *q_row = (char const *)q->values + i * row_bytes;
-        for (uint64_t j = 0; j < d->vectors; ++j) {
-            double cos = nk_samx_cosine(q, d, q_row, NULL, inv_q, j, row_bytes);
-            if (cos > best) best = cos;
-        }
-        total += nk_distance_from_cos(best);
-    }
-    return total;
-}
-
 /* ---- Screening. ----
  * Bounds are kept in units of the query's screening step s_q, so only per-row constants remain:
  * with p_j = dot_j * s_d[j] (the estimate is s_q p_j), b = (1 + e_q) / s_q and a = e_q + slack,
@@ -443,7 +404,7 @@ static void nk_samx_raise_row(nk_samx_group_t *group, unsigned r) {
     double threshold = (double)lower * group->scale[r] - group->offset[r];
     if (threshold > group->threshold[r]) {
         group->threshold[r] = threshold;
-        group->cut[r] = nk_samx_round_down((threshold - group->offset[r]) * group->inv_scale[r]);
+        group->cut[r] = nk_x512_round_down((threshold - group->offset[r]) * group->inv_scale[r]);
     }
 }
 
@@ -594,11 +555,12 @@ static void nk_samx_rescore(nk_samx_context_t const *context, nk_samx_group_t *g
     nk_maxsim_view_t const *q = context->q;
     uint64_t i = context->first_query + r;
     void const *q_row = (char const *)q->values + i * context->row_bytes;
-    double cos = nk_samx_cosine(q, context->d, q_row, decoded, q->inv_norms[i], doc, context->row_bytes);
+    NK_SAMX_COUNT_RESCORE();
+    double cos = nk_x512_cosine(q, context->d, q_row, decoded, q->inv_norms[i], doc, context->row_bytes);
     if (cos > group->best[r]) group->best[r] = cos;
     if (cos > group->threshold[r]) { /* a better exact cosine tightens the cut for what follows */
         group->threshold[r] = cos;
-        group->cut[r] = nk_samx_round_down((cos - group->offset[r]) * group->inv_scale[r]);
+        group->cut[r] = nk_x512_round_down((cos - group->offset[r]) * group->inv_scale[r]);
     }
 }
 
@@ -685,7 +647,7 @@ static int nk_samx_rescore_round(nk_samx_context_t const *context, nk_samx_group
             if (0.0 > group->best[r]) group->best[r] = 0.0;
             if (0.0 > group->threshold[r]) {
                 group->threshold[r] = 0.0;
-                group->cut[r] = nk_samx_round_down((0.0 - group->offset[r]) * group->inv_scale[r]);
+                group->cut[r] = nk_x512_round_down((0.0 - group->offset[r]) * group->inv_scale[r]);
             }
             continue;
         }
@@ -705,7 +667,7 @@ static int nk_samx_rescore_round(nk_samx_context_t const *context, nk_samx_group
         if (cos > group->best[r]) group->best[r] = cos;
         if (cos > group->threshold[r]) { /* a better exact cosine tightens the cut for what follows */
             group->threshold[r] = cos;
-            group->cut[r] = nk_samx_round_down((cos - group->offset[r]) * group->inv_scale[r]);
+            group->cut[r] = nk_x512_round_down((cos - group->offset[r]) * group->inv_scale[r]);
         }
     }
     return 1;
@@ -729,7 +691,7 @@ static void nk_samx_raise_round(nk_samx_context_t const *context, nk_samx_group_
         double lower = cos - slack;
         if (lower > group->threshold[r]) {
             group->threshold[r] = lower;
-            group->cut[r] = nk_samx_round_down((lower - group->offset[r]) * group->inv_scale[r]);
+            group->cut[r] = nk_x512_round_down((lower - group->offset[r]) * group->inv_scale[r]);
         }
     }
 }
@@ -752,7 +714,7 @@ static void nk_samx_finish_group(nk_samx_context_t const *context, nk_samx_group
 }
 
 double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_samx_exhaustive(q, d);
+    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     float block_buffer[16 * NK_SAMX_BLOCK_DOCS] __attribute__((aligned(64)));
     int8_t query_tiles[NK_SAMX_CHUNK_STEPS * NK_SAMX_STEP_BYTES] __attribute__((aligned(64)));
