@@ -14,7 +14,7 @@
  * Candidates are rescored best-first, the best of every row together; before an exact float64 dot
  * product, a float32 one with a proven rounding bound rules out most of the others (section below).
  *
- * Stack: 32 KB of screening results, 12 KB of A tiles, 12 KB padded copy of the last document tile,
+ * Stack: 32 KB of screening results, 24 KB of A tiles, 12 KB padded copy of the last document tile,
  * 8 KB of one decoded query row and about 12 KB of per-row state and candidates. Nothing is allocated.
  */
 #include <immintrin.h>
@@ -24,6 +24,7 @@
 #include "maxsim_internal.h"
 
 #define NK_SAMX_BLOCK_DOCS 512u   /* document rows per block (a multiple of 64): 32 KB of u for 16 rows */
+#define NK_SAMX_PAIR_BLOCK_DOCS 256u /* the same 32 KB for two groups of 16 rows */
 #define NK_SAMX_CHUNK_STEPS 12u   /* 64-deep steps per pass over the A buffer: depth 768 in one pass */
 #define NK_SAMX_STEP_BYTES 1024u  /* one 16 x 64-byte tile */
 #define NK_SAMX_LIST 48u          /* candidates kept per row until the end (at least 16) */
@@ -153,7 +154,7 @@ typedef struct nk_samx_group {
     double threshold[16];  /* max(best lower bound, best exact cosine) */
     double best[16];       /* best exact cosine so far */
     uint64_t list_base;    /* list_doc entries are relative to this document */
-} nk_samx_group_t;
+} __attribute__((aligned(64))) nk_samx_group_t; /* a whole number of lines: arrays of groups stay aligned */
 
 /* What rescoring needs. */
 typedef struct nk_samx_context {
@@ -469,6 +470,38 @@ static void nk_samx_scan_block(nk_samx_context_t const *context, nk_samx_group_t
     }
 }
 
+/* Before a block: keep list entries 32-bit and reset the per-lane maxima of l. */
+static void nk_samx_start_block(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows,
+                                uint64_t first_doc, uint64_t docs) {
+    if (first_doc + docs - group->list_base > UINT32_MAX) {
+        for (unsigned r = 0; r < rows; ++r) nk_samx_drain_row(context, group, r);
+        group->list_base = first_doc;
+    }
+    for (unsigned r = 0; r < 16; ++r) _mm512_store_ps(group->lower[r], _mm512_set1_ps(-INFINITY));
+}
+
+/* After the AMX pass over a block: turn its sums into u, derive the cuts, collect the candidates. */
+static void nk_samx_finish_block(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows,
+                                 uint64_t first_doc, uint64_t docs, float *block_buffer) {
+    nk_maxsim_view_t const *d = context->d;
+    uint64_t tiles = (docs + 15) / 16, partial = docs % 16;
+    __mmask16 last_lanes = partial ? (__mmask16)((1u << partial) - 1u) : (__mmask16)0xFFFF;
+    float const *scales_d = d->screen_scales + first_doc, *errors_d = d->screen_errors + first_doc;
+    int32_t *sums = (int32_t *)(void *)block_buffer;
+    for (uint64_t t = 0; t < tiles; t += 4) {
+        int32_t *at = sums + 256 * t;
+        float const *scales = scales_d + 16 * t, *errors = errors_d + 16 * t;
+        switch (tiles - t < 4 ? tiles - t : 4) {
+        case 4: nk_samx_quad_epilogue(at, rows, scales, errors, t + 4 == tiles ? last_lanes : 0xFFFF, group, 4); break;
+        case 3: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, 3); break;
+        case 2: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, 2); break;
+        default: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, 1); break;
+        }
+    }
+    nk_samx_block_cuts(group);
+    nk_samx_scan_block(context, group, rows, first_doc, docs, block_buffer);
+}
+
 /* Screen documents [first_doc, first_doc + docs) (first_doc a multiple of NK_SAMX_BLOCK_DOCS) against
  * the query group and collect the block's candidates. `query_tiles` / `last_tile` hold the whole
  * depth when `single_pass`, else they are rebuilt per pass over NK_SAMX_CHUNK_STEPS steps. */
@@ -479,18 +512,12 @@ static void nk_samx_screen_block(nk_samx_context_t const *context, uint64_t rows
     nk_samx_depth_t depth = nk_samx_depth_of(d->screen_depth);
     uint64_t total_steps = depth.steps, tile_bytes = NK_SCREEN_TILE * d->screen_depth;
     uint64_t tiles = (docs + 15) / 16, partial = docs % 16;
-    __mmask16 last_lanes = partial ? (__mmask16)((1u << partial) - 1u) : (__mmask16)0xFFFF;
     /* A partial last tile of the matrix (rows 4 n bytes apart) is read from its padded copy. */
     int last_is_copy = !depth.tiny && first_doc + docs == d->vectors && partial;
     uint64_t direct_tiles = last_is_copy ? tiles - 1 : tiles;
     uint8_t const *block = d->screen + first_doc * d->screen_depth;
-    float const *scales_d = d->screen_scales + first_doc, *errors_d = d->screen_errors + first_doc;
-    if (first_doc + docs - group->list_base > UINT32_MAX) { /* keep list entries 32-bit */
-        for (unsigned r = 0; r < rows; ++r) nk_samx_drain_row(context, group, r);
-        group->list_base = first_doc;
-    }
     int32_t *sums = (int32_t *)(void *)block_buffer;
-    for (unsigned r = 0; r < 16; ++r) _mm512_store_ps(group->lower[r], _mm512_set1_ps(-INFINITY));
+    nk_samx_start_block(context, group, rows, first_doc, docs);
 
     for (uint64_t step0 = 0; step0 < total_steps; step0 += NK_SAMX_CHUNK_STEPS) {
         uint64_t steps = total_steps - step0 < NK_SAMX_CHUNK_STEPS ? total_steps - step0 : NK_SAMX_CHUNK_STEPS;
@@ -531,20 +558,69 @@ static void nk_samx_screen_block(nk_samx_context_t const *context, uint64_t rows
             default: nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, stationary, 1); nk_samx_quad_store(out, 1); break;
             }
         }
-        if (!finish) continue;
-        for (uint64_t t = 0; t < tiles; t += 4) {
-            int32_t *at = sums + 256 * t;
-            float const *scales = scales_d + 16 * t, *errors = errors_d + 16 * t;
-            switch (tiles - t < 4 ? tiles - t : 4) {
-            case 4: nk_samx_quad_epilogue(at, rows, scales, errors, t + 4 == tiles ? last_lanes : 0xFFFF, group, 4); break;
-            case 3: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, 3); break;
-            case 2: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, 2); break;
-            default: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, 1); break;
-            }
+    }
+    nk_samx_finish_block(context, group, rows, first_doc, docs, block_buffer);
+}
+
+/* Two query groups (32 rows) against up to two document tiles, one pass over the whole depth:
+ * accumulators 0/1 take group 0 against documents 0/1, 2/3 group 1. Each document tile loaded from L2
+ * serves both groups, which halves the document traffic of one stationary group; the query tiles come
+ * from L1. */
+NK_SAMX_INLINE void nk_samx_pair_dots(int8_t const *a0, int8_t const *a1, uint8_t const *const doc[2], uint64_t steps,
+                                      uint64_t tail_back, int const DT) {
+    _tile_zero(0);
+    _tile_zero(2);
+    if (DT > 1) {
+        _tile_zero(1);
+        _tile_zero(3);
+    }
+    for (uint64_t s = 0, a_offset = 0; s < steps; ++s, a_offset += NK_SAMX_STEP_BYTES) {
+        uint64_t offset = s + 1 == steps ? a_offset - tail_back : a_offset;
+        _tile_loadd(4, a0 + a_offset, 64);
+        _tile_loadd(6, doc[0] + offset, 64);
+        _tile_loadd(5, a1 + a_offset, 64);
+        _tile_dpbsud(0, 4, 6);
+        _tile_dpbsud(2, 5, 6);
+        if (DT > 1) {
+            _tile_loadd(7, doc[1] + offset, 64);
+            _tile_dpbsud(1, 4, 7);
+            _tile_dpbsud(3, 5, 7);
         }
     }
-    nk_samx_block_cuts(group);
-    nk_samx_scan_block(context, group, rows, first_doc, docs, block_buffer);
+}
+
+/* The paired form of nk_samx_screen_block for a depth of 16 groups or more in a single pass: both
+ * groups' query tiles are built, `last_tile` holds the padded last document tile, and each group's
+ * sums go to its half of block_buffer (NK_SAMX_PAIR_BLOCK_DOCS documents each). */
+static void nk_samx_screen_block_pair(nk_samx_context_t const context[2], uint64_t const rows[2], uint64_t first_doc,
+                                      uint64_t docs, int8_t const *query_tiles[2], uint8_t const *last_tile,
+                                      float *block_buffer, nk_samx_group_t group[2]) {
+    nk_maxsim_view_t const *d = context[0].d;
+    nk_samx_depth_t depth = nk_samx_depth_of(d->screen_depth);
+    uint64_t tile_bytes = NK_SCREEN_TILE * d->screen_depth, tiles = (docs + 15) / 16;
+    uint64_t direct_tiles = first_doc + docs == d->vectors && docs % 16 ? tiles - 1 : tiles;
+    uint64_t tail_back = 64 * depth.pad;
+    uint8_t const *block = d->screen + first_doc * d->screen_depth;
+    int32_t *sums0 = (int32_t *)(void *)block_buffer, *sums1 = sums0 + 16 * NK_SAMX_PAIR_BLOCK_DOCS;
+    nk_samx_start_block(&context[0], &group[0], rows[0], first_doc, docs);
+    nk_samx_start_block(&context[1], &group[1], rows[1], first_doc, docs);
+    for (uint64_t t = 0; t < tiles; t += 2) {
+        uint8_t const *doc[2];
+        for (unsigned u = 0; u < 2; ++u) doc[u] = t + u < direct_tiles ? block + (t + u) * tile_bytes : last_tile;
+        if (t + 1 < tiles) {
+            nk_samx_pair_dots(query_tiles[0], query_tiles[1], doc, depth.steps, tail_back, 2);
+            _tile_stored(0, sums0 + 256 * t, 64);
+            _tile_stored(1, sums0 + 256 * t + 256, 64);
+            _tile_stored(2, sums1 + 256 * t, 64);
+            _tile_stored(3, sums1 + 256 * t + 256, 64);
+        } else {
+            nk_samx_pair_dots(query_tiles[0], query_tiles[1], doc, depth.steps, tail_back, 1);
+            _tile_stored(0, sums0 + 256 * t, 64);
+            _tile_stored(2, sums1 + 256 * t, 64);
+        }
+    }
+    nk_samx_finish_block(&context[0], &group[0], rows[0], first_doc, docs, (float *)(void *)sums0);
+    nk_samx_finish_block(&context[1], &group[1], rows[1], first_doc, docs, (float *)(void *)sums1);
 }
 
 /* ---- Candidates. ---- */
@@ -713,16 +789,47 @@ static void nk_samx_finish_group(nk_samx_context_t const *context, nk_samx_group
     for (; pending; pending &= pending - 1) nk_samx_drain_row(context, group, (unsigned)__builtin_ctz(pending));
 }
 
+/* A query group's per-row constants and empty state for rows [first_query, first_query + rows). */
+static void nk_samx_group_init(nk_maxsim_view_t const *q, uint64_t first_query, uint64_t rows, nk_samx_group_t *group) {
+    for (unsigned r = 0; r < 16; ++r) {
+        uint64_t i = first_query + r;
+        int live = r < rows && q->inv_norms[i] != 0.0;
+        double error_q = live ? q->screen_errors[i] : 0.0, scale_q = live ? q->screen_scales[i] : 1.0;
+        if (!(scale_q > 0.0)) scale_q = 0x1p-126; /* never for a packed nonzero row; keeps b finite */
+        group->bias[r] = live ? -128 * q->screen_sums[i] : 0;
+        group->growth[r] = live ? (float)((1.0 + error_q) / scale_q) : 0.0f;
+        group->cut[r] = live ? -INFINITY : INFINITY;
+        group->scale[r] = scale_q;
+        group->inv_scale[r] = 1.0 / scale_q;
+        group->offset[r] = error_q + nk_screen_slack_k;
+        group->threshold[r] = -INFINITY;
+        group->best[r] = -INFINITY;
+        group->count[r] = group->counted[r] = 0;
+    }
+    group->list_base = 0;
+}
+
+/* Rescore what the screening left and add the group's distances to *total, row by row (the same
+ * order as every family, so results are bit-identical). */
+static void nk_samx_group_total(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows,
+                                double *total) {
+    nk_samx_finish_group(context, group, rows);
+    for (uint64_t r = 0; r < rows; ++r)
+        *total += context->q->inv_norms[context->first_query + r] == 0.0 ? 1.0 : nk_distance_from_cos(group->best[r]);
+}
+
 double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     float block_buffer[16 * NK_SAMX_BLOCK_DOCS] __attribute__((aligned(64)));
-    int8_t query_tiles[NK_SAMX_CHUNK_STEPS * NK_SAMX_STEP_BYTES] __attribute__((aligned(64)));
+    /* One group's A tiles for a pass, or two groups' for a paired single pass. */
+    int8_t query_tiles[2][NK_SAMX_CHUNK_STEPS * NK_SAMX_STEP_BYTES] __attribute__((aligned(64)));
     /* The padded last document tile: one pass and one step before it (or four tiles of a tiny depth). */
     uint8_t last_tile[(NK_SAMX_CHUNK_STEPS + 1) * NK_SAMX_STEP_BYTES] __attribute__((aligned(64)));
     double decoded_query[NK_SAMX_DECODED_DEPTH] __attribute__((aligned(64)));
-    nk_samx_group_t group __attribute__((aligned(64)));
-    nk_samx_context_t context = {q, d, nk_dtype_itemsize((int)q->dtype) * q->depth, decoded_query, 0};
+    nk_samx_group_t group[2] __attribute__((aligned(64)));
+    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
+    nk_samx_context_t context[2] = {{q, d, row_bytes, decoded_query, 0}, {q, d, row_bytes, decoded_query, 0}};
 
     nk_samx_depth_t depth = nk_samx_depth_of(d->screen_depth);
     uint64_t total_steps = depth.steps;
@@ -737,36 +844,41 @@ double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *
     _tile_loadconfig(&config);
 
     double total = 0.0;
-    for (uint64_t first_query = 0; first_query < q->vectors; first_query += 16) {
-        uint64_t rows = q->vectors - first_query < 16 ? q->vectors - first_query : 16;
-        context.first_query = first_query;
-        for (unsigned r = 0; r < 16; ++r) {
-            uint64_t i = first_query + r;
-            int live = r < rows && q->inv_norms[i] != 0.0;
-            double error_q = live ? q->screen_errors[i] : 0.0, scale_q = live ? q->screen_scales[i] : 1.0;
-            if (!(scale_q > 0.0)) scale_q = 0x1p-126; /* never for a packed nonzero row; keeps b finite */
-            group.bias[r] = live ? -128 * q->screen_sums[i] : 0;
-            group.growth[r] = live ? (float)((1.0 + error_q) / scale_q) : 0.0f;
-            group.cut[r] = live ? -INFINITY : INFINITY;
-            group.scale[r] = scale_q;
-            group.inv_scale[r] = 1.0 / scale_q;
-            group.offset[r] = error_q + nk_screen_slack_k;
-            group.threshold[r] = -INFINITY;
-            group.best[r] = -INFINITY;
-            group.count[r] = group.counted[r] = 0;
+    for (uint64_t first_query = 0; first_query < q->vectors;) {
+        uint64_t left = q->vectors - first_query;
+        if (single_pass && !depth.tiny && left > 16) { /* two groups share every document tile load */
+            uint64_t rows[2] = {16, left - 16 < 16 ? left - 16 : 16};
+            int8_t const *tiles[2] = {query_tiles[0], query_tiles[1]};
+            for (unsigned g = 0; g < 2; ++g) {
+                context[g].first_query = first_query + 16 * g;
+                nk_samx_group_init(q, context[g].first_query, rows[g], &group[g]);
+                nk_samx_build_query_tiles(q, &depth, context[g].first_query, 0, total_steps, query_tiles[g]);
+            }
+            for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_SAMX_PAIR_BLOCK_DOCS) {
+                uint64_t docs = d->vectors - first_doc < NK_SAMX_PAIR_BLOCK_DOCS ? d->vectors - first_doc
+                                                                                : NK_SAMX_PAIR_BLOCK_DOCS;
+                nk_samx_screen_block_pair(context, rows, first_doc, docs, tiles, last_tile, block_buffer, group);
+                /* A near-exact cosine right after the first block gives the later blocks a tighter cut. */
+                if (first_doc == 0 && docs < d->vectors)
+                    for (unsigned g = 0; g < 2; ++g) nk_samx_raise_round(&context[g], &group[g], rows[g]);
+            }
+            for (unsigned g = 0; g < 2; ++g) nk_samx_group_total(&context[g], &group[g], rows[g], &total);
+            first_query += 16 + rows[1];
+            continue;
         }
-        group.list_base = 0;
-        if (single_pass) nk_samx_build_query_tiles(q, &depth, first_query, 0, total_steps, query_tiles);
+        uint64_t rows = left < 16 ? left : 16;
+        context[0].first_query = first_query;
+        nk_samx_group_init(q, first_query, rows, &group[0]);
+        if (single_pass) nk_samx_build_query_tiles(q, &depth, first_query, 0, total_steps, query_tiles[0]);
         for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_SAMX_BLOCK_DOCS) {
             uint64_t docs = d->vectors - first_doc < NK_SAMX_BLOCK_DOCS ? d->vectors - first_doc : NK_SAMX_BLOCK_DOCS;
-            nk_samx_screen_block(&context, rows, first_doc, docs, query_tiles, last_tile, single_pass, block_buffer,
-                                 &group);
+            nk_samx_screen_block(&context[0], rows, first_doc, docs, query_tiles[0], last_tile, single_pass,
+                                 block_buffer, &group[0]);
             /* A near-exact cosine right after the first block gives the later blocks a tighter cut. */
-            if (first_doc == 0 && docs < d->vectors) nk_samx_raise_round(&context, &group, rows);
+            if (first_doc == 0 && docs < d->vectors) nk_samx_raise_round(&context[0], &group[0], rows);
         }
-        nk_samx_finish_group(&context, &group, rows);
-        for (uint64_t r = 0; r < rows; ++r)
-            total += q->inv_norms[first_query + r] == 0.0 ? 1.0 : nk_distance_from_cos(group.best[r]);
+        nk_samx_group_total(&context[0], &group[0], rows, &total);
+        first_query += rows;
     }
     _tile_release();
     return total;
