@@ -18,20 +18,19 @@ NK_X512_INLINE __mmask16 nk_x512_tail_mask(uint64_t remaining) {
     return remaining >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << remaining) - 1u);
 }
 
-/* IEEE half bit patterns of 16 one-byte minifloats. */
+/* IEEE half bit patterns of 16 one-byte minifloats: the sign is shifted to bit 15 and smeared right
+ * by an arithmetic shift, which also puts exponent and mantissa in place; one AND clears the smear. */
 NK_X512_INLINE __m256i nk_x512_minifloat_to_half(int dtype, __m128i bytes) {
-    __m256i x = _mm256_cvtepu8_epi16(bytes);
     switch (dtype) {
-    case nk_dtype_e4m3_k:
-        return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16((short)0x8000)),
-                               _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(0x3F80)));
-    case nk_dtype_e5m2_k: return _mm256_slli_epi16(x, 8);
-    case nk_dtype_e2m3_k:
-        return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 10), _mm256_set1_epi16((short)0x8000)),
-                               _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(0x0F80)));
-    default: /* e3m2 */
-        return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 10), _mm256_set1_epi16((short)0x8000)),
-                               _mm256_and_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16(0x1F00)));
+    case nk_dtype_e4m3_k: /* sign-extended byte << 7: sign at 15 and 14, the rest at 7..13 */
+        return _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7), _mm256_set1_epi16((short)0xBFFF));
+    case nk_dtype_e5m2_k: return _mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 8);
+    case nk_dtype_e2m3_k: /* bit 5 to 15, then >> 3: magnitude at 7..11, sign at 12..15 */
+        return _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 10), 3),
+                                _mm256_set1_epi16((short)0x8FFF));
+    default: /* e3m2: bit 5 to 15, then >> 2: magnitude at 8..12, sign at 13..15 */
+        return _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 10), 2),
+                                _mm256_set1_epi16((short)0x9FFF));
     }
 }
 

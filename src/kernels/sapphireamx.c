@@ -15,7 +15,7 @@
  * product, a float32 one with a proven rounding bound rules out most of the others (section below).
  *
  * Stack: 32 KB of screening results, 24 KB of A tiles, 12 KB padded copy of the last document tile,
- * 8 KB of one decoded query row and about 12 KB of per-row state and candidates. Nothing is allocated.
+ * 8 + 4 KB of one decoded query row and about 24 KB of per-row state and candidates. Nothing is allocated.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -66,40 +66,55 @@ NK_SAMX_INLINE __m512 nk_samx_load16_f32(int dtype, void const *row, uint64_t k,
     }
 }
 
-NK_SAMX_INLINE float nk_samx_dot_f32_kernel(int dtype, void const *a, void const *b, uint64_t depth) {
+/* `a` is read as a_dtype (float32 for a query row decoded by nk_samx_decode_f32), `b` as b_dtype. */
+NK_SAMX_INLINE float nk_samx_dot_f32_kernel(int a_dtype, void const *a, int b_dtype, void const *b, uint64_t depth) {
     __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps(), sum2 = _mm512_setzero_ps(), sum3 = sum0;
     uint64_t k = 0;
     for (; k + 64 <= depth; k += 64) {
-        sum0 = _mm512_fmadd_ps(nk_samx_load16_f32(dtype, a, k, 0xFFFF), nk_samx_load16_f32(dtype, b, k, 0xFFFF), sum0);
-        sum1 = _mm512_fmadd_ps(nk_samx_load16_f32(dtype, a, k + 16, 0xFFFF),
-                               nk_samx_load16_f32(dtype, b, k + 16, 0xFFFF), sum1);
-        sum2 = _mm512_fmadd_ps(nk_samx_load16_f32(dtype, a, k + 32, 0xFFFF),
-                               nk_samx_load16_f32(dtype, b, k + 32, 0xFFFF), sum2);
-        sum3 = _mm512_fmadd_ps(nk_samx_load16_f32(dtype, a, k + 48, 0xFFFF),
-                               nk_samx_load16_f32(dtype, b, k + 48, 0xFFFF), sum3);
+        sum0 = _mm512_fmadd_ps(nk_samx_load16_f32(a_dtype, a, k, 0xFFFF), nk_samx_load16_f32(b_dtype, b, k, 0xFFFF), sum0);
+        sum1 = _mm512_fmadd_ps(nk_samx_load16_f32(a_dtype, a, k + 16, 0xFFFF),
+                               nk_samx_load16_f32(b_dtype, b, k + 16, 0xFFFF), sum1);
+        sum2 = _mm512_fmadd_ps(nk_samx_load16_f32(a_dtype, a, k + 32, 0xFFFF),
+                               nk_samx_load16_f32(b_dtype, b, k + 32, 0xFFFF), sum2);
+        sum3 = _mm512_fmadd_ps(nk_samx_load16_f32(a_dtype, a, k + 48, 0xFFFF),
+                               nk_samx_load16_f32(b_dtype, b, k + 48, 0xFFFF), sum3);
     }
     for (; k < depth; k += 16) {
         __mmask16 lanes = nk_x512_tail_mask(depth - k);
-        sum0 = _mm512_fmadd_ps(nk_samx_load16_f32(dtype, a, k, lanes), nk_samx_load16_f32(dtype, b, k, lanes), sum0);
+        sum0 = _mm512_fmadd_ps(nk_samx_load16_f32(a_dtype, a, k, lanes), nk_samx_load16_f32(b_dtype, b, k, lanes), sum0);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum0, sum1), _mm512_add_ps(sum2, sum3)));
 }
 
+/* A stored row (not float64) as float32, minifloats as their unscaled half images, padded with zeros
+ * to a multiple of 16: a query row's side of its float32 checks, decoded once. */
+static void nk_samx_decode_f32(int dtype, void const *row, uint64_t depth, float *out) {
+    for (uint64_t k = 0; k < depth; k += 16)
+        _mm512_store_ps(out + k, nk_samx_load16_f32(dtype, row, k, nk_x512_tail_mask(depth - k)));
+}
+
 /* The cosine of two stored rows (inv_d > 0) from a float32 dot product, and in *slack how far the
- * exact cosine can be from it: +inf when nothing can be said. */
-static double nk_samx_cosine_f32(int dtype, void const *a, void const *b, uint64_t depth, double inv_q, double inv_d,
-                                 double *slack) {
+ * exact cosine can be from it: +inf when nothing can be said. `a` is the query row as stored, or
+ * decoded by nk_samx_decode_f32 when `a_decoded`. */
+static double nk_samx_cosine_f32(int dtype, void const *a, int a_decoded, void const *b, uint64_t depth, double inv_q,
+                                 double inv_d, double *slack) {
     NK_SAMX_COUNT_CHECK();
     *slack = INFINITY;
     float sum;
     switch (dtype) {
-    case nk_dtype_float32_k: sum = nk_samx_dot_f32_kernel(nk_dtype_float32_k, a, b, depth); break;
-    case nk_dtype_bfloat16_k: sum = nk_samx_dot_f32_kernel(nk_dtype_bfloat16_k, a, b, depth); break;
-    case nk_dtype_float16_k: sum = nk_samx_dot_f32_kernel(nk_dtype_float16_k, a, b, depth); break;
-    case nk_dtype_e4m3_k: sum = nk_samx_dot_f32_kernel(nk_dtype_e4m3_k, a, b, depth); break;
-    case nk_dtype_e5m2_k: sum = nk_samx_dot_f32_kernel(nk_dtype_e5m2_k, a, b, depth); break;
-    case nk_dtype_e2m3_k: sum = nk_samx_dot_f32_kernel(nk_dtype_e2m3_k, a, b, depth); break;
-    case nk_dtype_e3m2_k: sum = nk_samx_dot_f32_kernel(nk_dtype_e3m2_k, a, b, depth); break;
+#define NK_SAMX_DOT_F32(format) \
+    case format: \
+        sum = a_decoded ? nk_samx_dot_f32_kernel(nk_dtype_float32_k, a, format, b, depth) \
+                        : nk_samx_dot_f32_kernel(format, a, format, b, depth); \
+        break;
+        NK_SAMX_DOT_F32(nk_dtype_float32_k)
+        NK_SAMX_DOT_F32(nk_dtype_bfloat16_k)
+        NK_SAMX_DOT_F32(nk_dtype_float16_k)
+        NK_SAMX_DOT_F32(nk_dtype_e4m3_k)
+        NK_SAMX_DOT_F32(nk_dtype_e5m2_k)
+        NK_SAMX_DOT_F32(nk_dtype_e2m3_k)
+        NK_SAMX_DOT_F32(nk_dtype_e3m2_k)
+#undef NK_SAMX_DOT_F32
     default: return 0.0; /* float64 does not fit float32 */
     }
     if (!(sum - sum == 0.0f)) return 0.0;
@@ -161,6 +176,7 @@ typedef struct nk_samx_context {
     nk_maxsim_view_t const *q, *d;
     size_t row_bytes;
     double *decoded; /* room for one query row in float64 */
+    float *decoded32; /* room for one query row in float32 (nk_samx_decode_f32) */
     uint64_t first_query;
 } nk_samx_context_t;
 
@@ -679,6 +695,7 @@ static inline uint64_t nk_samx_pop(nk_samx_group_t *group, unsigned r) {
 
 static void nk_samx_drain_row(nk_samx_context_t const *context, nk_samx_group_t *group, unsigned r) {
     double const *decoded = NULL;
+    float const *decoded32 = NULL;
     unsigned exact = 0; /* exact dot products so far */
     nk_samx_raise_row(group, r); /* the list's lower bounds first: a free, higher cut */
     void const *q_row = (char const *)context->q->values + (context->first_query + r) * context->row_bytes;
@@ -687,9 +704,15 @@ static void nk_samx_drain_row(nk_samx_context_t const *context, nk_samx_group_t 
         uint64_t doc = nk_samx_pop(group, r);
         if (doc == UINT64_MAX) break;
         double inv_d = context->d->inv_norms[doc], slack;
-        if (screen && group->best[r] > -INFINITY && inv_d != 0.0 &&
-            nk_samx_cosine_f32((int)context->q->dtype, q_row, (char const *)context->d->values + doc * context->row_bytes,
-                               context->q->depth, context->q->inv_norms[context->first_query + r], inv_d, &slack) +
+        int check = screen && group->best[r] > -INFINITY && inv_d != 0.0;
+        if (check && !decoded32 && context->q->dtype != nk_dtype_float32_k && context->q->depth <= NK_SAMX_DECODED_DEPTH) {
+            nk_samx_decode_f32((int)context->q->dtype, q_row, context->q->depth, context->decoded32);
+            decoded32 = context->decoded32; /* a row with one check pays the same decoding either way */
+        }
+        if (check &&
+            nk_samx_cosine_f32((int)context->q->dtype, decoded32 ? (void const *)decoded32 : q_row, decoded32 != NULL,
+                               (char const *)context->d->values + doc * context->row_bytes, context->q->depth,
+                               context->q->inv_norms[context->first_query + r], inv_d, &slack) +
                     slack <
                 group->best[r])
             continue; /* provably below the best exact cosine */
@@ -761,7 +784,7 @@ static void nk_samx_raise_round(nk_samx_context_t const *context, nk_samx_group_
         uint64_t doc = group->list_base + group->list_doc[r][top];
         double inv_d = d->inv_norms[doc], slack = 0.0, cos = 0.0; /* a zero row: exactly 0 */
         if (inv_d != 0.0)
-            cos = nk_samx_cosine_f32((int)q->dtype, (char const *)q->values + (context->first_query + r) * context->row_bytes,
+            cos = nk_samx_cosine_f32((int)q->dtype, (char const *)q->values + (context->first_query + r) * context->row_bytes, 0,
                                      (char const *)d->values + doc * context->row_bytes, q->depth,
                                      q->inv_norms[context->first_query + r], inv_d, &slack);
         double lower = cos - slack;
@@ -827,9 +850,11 @@ double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *
     /* The padded last document tile: one pass and one step before it (or four tiles of a tiny depth). */
     uint8_t last_tile[(NK_SAMX_CHUNK_STEPS + 1) * NK_SAMX_STEP_BYTES] __attribute__((aligned(64)));
     double decoded_query[NK_SAMX_DECODED_DEPTH] __attribute__((aligned(64)));
+    float decoded_query32[NK_SAMX_DECODED_DEPTH] __attribute__((aligned(64)));
     nk_samx_group_t group[2] __attribute__((aligned(64)));
     size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
-    nk_samx_context_t context[2] = {{q, d, row_bytes, decoded_query, 0}, {q, d, row_bytes, decoded_query, 0}};
+    nk_samx_context_t context[2] = {{q, d, row_bytes, decoded_query, decoded_query32, 0},
+                                    {q, d, row_bytes, decoded_query, decoded_query32, 0}};
 
     nk_samx_depth_t depth = nk_samx_depth_of(d->screen_depth);
     uint64_t total_steps = depth.steps;
