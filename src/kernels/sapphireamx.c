@@ -29,6 +29,7 @@
 #define NK_SAMX_STEP_BYTES 1024u  /* one 16 x 64-byte tile */
 #define NK_SAMX_LIST 48u          /* candidates kept per row until the end (at least 16) */
 #define NK_SAMX_DECODED_DEPTH 1024u
+#define NK_SAMX_PREFETCH_BYTES 1024u /* leading bytes of each candidate row prefetched when collected */
 
 #define NK_SAMX_INLINE static inline __attribute__((always_inline))
 
@@ -409,6 +410,14 @@ static void nk_samx_append(nk_samx_context_t const *context, nk_samx_group_t *gr
     _mm512_storeu_si512(group->list_doc[r] + count, _mm512_maskz_compress_epi32(hit, docs));
     NK_SAMX_COUNT_COLLECT(__builtin_popcount(hit));
     group->count[r] = count + (unsigned)__builtin_popcount(hit);
+    /* Candidates are rescored after the whole matrix is screened: their rows (from memory when the
+     * documents are a cold corpus) arrive in the meantime. */
+    size_t bytes = context->row_bytes < NK_SAMX_PREFETCH_BYTES ? context->row_bytes : NK_SAMX_PREFETCH_BYTES;
+    for (unsigned lanes = hit; lanes; lanes &= lanes - 1) {
+        char const *row = (char const *)context->d->values +
+                          (group->list_base + base + (unsigned)__builtin_ctz(lanes)) * context->row_bytes;
+        for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(row + line, _MM_HINT_T0);
+    }
 }
 
 /* Raise row r's threshold with the lower bounds of its newest candidates, s_q l - a. */
