@@ -146,6 +146,21 @@ def test_extreme_bit_patterns_score_exactly(name, family):
     assert_score_close(got, reference_maxsim(q, d, name), RTOL[name], f"{family.name.lower()} {name}")
 
 
+@pytest.mark.parametrize("family", FAMILY_PARAMS)
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "e2m3", "e3m2"])
+def test_every_minifloat_code_decodes_exactly(name, family):
+    """Rows holding every finite code of the format, in several orders: every winning row is
+    rescored in full, so a wrong decoding of any one code (even the smallest subnormal) moves the
+    score far beyond the float64 accumulation rounding this test allows."""
+    codes = np.arange(256 if name in ("e4m3", "e5m2") else 64, dtype=np.uint8).view(NUMPY_DTYPES[name])
+    with np.errstate(invalid="ignore"):
+        row = codes[np.isfinite(codes.astype(np.float64))]
+    q = np.stack([row, np.roll(row, 7), row[::-1]])
+    d = np.stack([np.roll(row, 1), row[::-1], np.roll(row, -5), row])
+    got = nk.maxsim(q, d, name, capabilities=family)
+    assert_score_close(got, reference_maxsim(q, d, name), 1e-12, f"{family.name.lower()} {name}")
+
+
 def test_float64_rows_outside_the_safe_range_are_scaled_even_without_a_cast():
     x = random_matrix(4, 16, 1) * np.array([[1e200], [1e-200], [1.0], [2.0 ** 390]])
     packed = nk.maxsim_pack(x)
