@@ -2,12 +2,12 @@
 """Benchmark numkong's MaxSim against NumPy, torch, maxsim-cpu and (optionally) another numkong build.
 
 Pairs (one query vs one document) run on one thread pinned to one CPU; batched reranking (one query
-vs a 1,000-document corpus) then runs on 1 and on all cores, against maxsim-cpu's
-maxsim_scores_variable (which uses all cores).
+vs a 1,000-document corpus) then runs in a fresh, unpinned process on 1 and on all cores, against
+maxsim-cpu's maxsim_scores_variable (which uses all cores).
 
     python tools/bench.py [--quick] [--json PATH] [--families] [--anchor-python PATH/TO/python]
 
-Everything runs on one thread pinned to one CPU. For numkong the timed call is maxsim_packed() on
+Pairs run on one thread pinned to one CPU. For numkong the timed call is maxsim_packed() on
 pre-packed operands (what a reranker does per query and document); NumPy is matmul + max + sum on
 pre-normalized float32 rows; torch the same in its dtype; maxsim-cpu its maxsim_scores(), only at
 32 query rows of depth 128 (the ColBERT shape: other query counts and depths gave garbage scores).
@@ -309,7 +309,13 @@ def run(args):
         anchor.close()
     if allowed:
         os.sched_setaffinity(0, allowed)  # batched reranking uses every core
-    corpus = corpus_cases(rounds, target)
+    # In a fresh process: maxsim-cpu sizes its thread pool once, and this one was made while pinned.
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "corpus.json")
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--corpus-worker", path, "--rounds", str(rounds),
+                        "--target", str(target)], check=True)
+        with open(path) as file:
+            corpus = json.load(file)
     if args.json:
         with open(args.json, "w") as file:
             json.dump({"meta": meta, "results": records, "packed_bytes_per_row": sizes, "corpus": corpus}, file,
@@ -327,9 +333,14 @@ def main():
     parser.add_argument("--target", type=float, default=0.02, help="seconds of calls per timing")
     parser.add_argument("--cpu", type=int, help="CPU to pin to (default: the first one allowed)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--corpus-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker()
+    elif args.corpus_worker:
+        records = corpus_cases(args.rounds, args.target)
+        with open(args.corpus_worker, "w") as file:
+            json.dump(records, file)
     else:
         run(args)
 
