@@ -148,12 +148,14 @@ static void *nk_corpus_worker(void *argument) {
             void const *packed = nk_corpus_document(job->corpus, document, NULL);
             /* All queries against one document while it is hot in cache. */
             for (uint64_t i = 0; i < job->query_count; ++i)
-                nk_maxsim_score(job->queries[i], packed, job->capabilities, &job->scores[i * job->documents + document]);
+                nk_maxsim_score_cold(job->queries[i], packed, job->capabilities,
+                                     &job->scores[i * job->documents + document]);
         }
     }
 }
 
 #define NK_MAX_THREADS 256
+#define NK_CORPUS_STACK_BYTES (1u << 20)
 
 nk_status_t nk_maxsim_score_corpus(void const *const *queries, uint64_t query_count, void const *corpus,
                                    uint64_t capabilities, uint64_t threads, double *scores) {
@@ -174,8 +176,15 @@ nk_status_t nk_maxsim_score_corpus(void const *const *queries, uint64_t query_co
     if (threads > h->documents) threads = h->documents ? h->documents : 1;
     pthread_t helpers[NK_MAX_THREADS];
     uint64_t started = 0;
+    /* The kernels keep their scratch on the stack (under 256 KB): more than some C libraries give a
+     * new thread by default (musl: 128 KB), so ask for it. */
+    pthread_attr_t attributes;
+    int have_attributes = pthread_attr_init(&attributes) == 0;
+    if (have_attributes) pthread_attr_setstacksize(&attributes, NK_CORPUS_STACK_BYTES);
     for (; started + 1 < threads; ++started)
-        if (pthread_create(&helpers[started], NULL, nk_corpus_worker, &job) != 0) break; /* fewer threads is fine */
+        if (pthread_create(&helpers[started], have_attributes ? &attributes : NULL, nk_corpus_worker, &job) != 0)
+            break; /* fewer threads is fine */
+    if (have_attributes) pthread_attr_destroy(&attributes);
     nk_corpus_worker(&job);
     for (uint64_t i = 0; i < started; ++i) pthread_join(helpers[i], NULL);
     return nk_ok_k;

@@ -39,11 +39,13 @@ static nk_family_t const *nk_pick(uint64_t mask) {
 
 uint64_t nk_capabilities_best(uint64_t mask) { return nk_pick(mask)->cap; }
 
-nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t capabilities, double *result) {
+static nk_status_t nk_score(void const *queries, void const *documents, uint64_t capabilities, int cold,
+                            double *result) {
     if (!queries || !documents || !result) return nk_error_argument_k;
     nk_maxsim_view_t q, d;
     nk_maxsim_view_init(queries, &q);
     nk_maxsim_view_init(documents, &d);
+    d.cold = cold;
     if (q.dtype != d.dtype) return nk_error_dtype_mismatch_k;
     if (q.depth != d.depth) return nk_error_depth_mismatch_k;
     if (q.vectors == 0) {
@@ -53,4 +55,12 @@ nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t
     if (d.vectors == 0) return nk_error_empty_k;
     *result = nk_pick(capabilities)->kernel(&q, &d);
     return nk_ok_k;
+}
+
+nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t capabilities, double *result) {
+    return nk_score(queries, documents, capabilities, 0, result);
+}
+
+nk_status_t nk_maxsim_score_cold(void const *queries, void const *documents, uint64_t capabilities, double *result) {
+    return nk_score(queries, documents, capabilities, 1, result);
 }

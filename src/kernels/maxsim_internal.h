@@ -89,6 +89,7 @@ typedef struct nk_maxsim_view {
     float const *screen_scales;
     float const *screen_errors;
     int32_t const *screen_sums;
+    int cold; /* a hint: the rows come from memory (a corpus), so prefetching candidate rows pays */
 } nk_maxsim_view_t;
 
 /* Kernel contract (kernels are reached through nk_maxsim_score, which probes the CPU first: the
@@ -107,8 +108,11 @@ double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *
 double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 
-/* Fill a view from a buffer already validated by the packer or loader. */
+/* Fill a view from a buffer already validated by the packer or loader (cold = 0). */
 void nk_maxsim_view_init(void const *buf, nk_maxsim_view_t *view);
+
+/* nk_maxsim_score for documents that stream from memory: the corpus scorer's entry point. */
+nk_status_t nk_maxsim_score_cold(void const *queries, void const *documents, uint64_t capabilities, double *result);
 
 /* Byte offset of the 4-byte group (row, depth k..k+3) in the screen section. */
 static inline uint64_t nk_screen_offset(uint64_t vectors, uint64_t screen_depth, uint64_t row, uint64_t k) {

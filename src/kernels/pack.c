@@ -79,6 +79,7 @@ void nk_maxsim_view_init(void const *buf, nk_maxsim_view_t *view) {
     view->screen_scales = (float const *)(base + h->screen_scales_offset);
     view->screen_errors = (float const *)(base + h->screen_errors_offset);
     view->screen_sums = (int32_t const *)(base + h->screen_sums_offset);
+    view->cold = 0;
 }
 
 nk_status_t nk_maxsim_info(void const *buf, nk_maxsim_info_t *info) {

@@ -14,7 +14,7 @@
  * Candidates are rescored best-first, the best of every row together; before an exact float64 dot
  * product, a float32 one with a proven rounding bound rules out most of the others (section below).
  *
- * Stack: 32 KB of screening results, 24 KB of A tiles, 12 KB padded copy of the last document tile,
+ * Stack: 64 KB of screening results (two groups), 24 KB of A tiles, 12 KB padded copy of the last document tile,
  * 8 + 4 KB of one decoded query row and about 24 KB of per-row state and candidates. Nothing is allocated.
  */
 #include <immintrin.h>
@@ -24,7 +24,7 @@
 #include "maxsim_internal.h"
 
 #define NK_SAMX_BLOCK_DOCS 512u   /* document rows per block (a multiple of 64): 32 KB of u for 16 rows */
-#define NK_SAMX_PAIR_BLOCK_DOCS 256u /* the same 32 KB for two groups of 16 rows */
+#define NK_SAMX_PAIR_BLOCK_DOCS 512u /* the same for each of two groups: 64 KB in all */
 #define NK_SAMX_CHUNK_STEPS 12u   /* 64-deep steps per pass over the A buffer: depth 768 in one pass */
 #define NK_SAMX_STEP_BYTES 1024u  /* one 16 x 64-byte tile */
 #define NK_SAMX_LIST 48u          /* candidates kept per row until the end (at least 16) */
@@ -410,8 +410,9 @@ static void nk_samx_append(nk_samx_context_t const *context, nk_samx_group_t *gr
     _mm512_storeu_si512(group->list_doc[r] + count, _mm512_maskz_compress_epi32(hit, docs));
     NK_SAMX_COUNT_COLLECT(__builtin_popcount(hit));
     group->count[r] = count + (unsigned)__builtin_popcount(hit);
-    /* Candidates are rescored after the whole matrix is screened: their rows (from memory when the
-     * documents are a cold corpus) arrive in the meantime. */
+    /* Candidates are rescored after the whole matrix is screened: in a corpus, which streams from
+     * memory, their rows arrive in the meantime (for cached documents this only costs time). */
+    if (!context->d->cold) return;
     size_t bytes = context->row_bytes < NK_SAMX_PREFETCH_BYTES ? context->row_bytes : NK_SAMX_PREFETCH_BYTES;
     for (unsigned lanes = hit; lanes; lanes &= lanes - 1) {
         char const *row = (char const *)context->d->values +
@@ -853,7 +854,7 @@ static void nk_samx_group_total(nk_samx_context_t const *context, nk_samx_group_
 double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
-    float block_buffer[16 * NK_SAMX_BLOCK_DOCS] __attribute__((aligned(64)));
+    float block_buffer[2 * 16 * NK_SAMX_BLOCK_DOCS] __attribute__((aligned(64))); /* one or two groups */
     /* One group's A tiles for a pass, or two groups' for a paired single pass. */
     int8_t query_tiles[2][NK_SAMX_CHUNK_STEPS * NK_SAMX_STEP_BYTES] __attribute__((aligned(64)));
     /* The padded last document tile: one pass and one step before it (or four tiles of a tiny depth). */
