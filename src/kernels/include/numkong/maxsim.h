@@ -96,7 +96,9 @@ nk_status_t nk_maxsim_info(void const *buf, nk_maxsim_info_t *info);
 /* Score packed queries against packed documents into *result, using the best kernel family
  * within `capabilities` & nk_capabilities_available() (serial is always allowed).
  * Both buffers must come from nk_maxsim_pack() or nk_maxsim_load(). Does not allocate,
- * does not touch the GIL, safe to call from many threads on the same buffers. */
+ * does not touch the GIL, safe to call from many threads on the same buffers. Its scratch is on
+ * the calling thread's stack, up to about 140 KB (the AMX family): a thread you create for it
+ * needs a stack of at least 256 KB (glibc gives 8 MB by default, musl only 128 KB). */
 nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t capabilities, double *result);
 
 /* ---- Packed corpora: many documents of different lengths in one portable buffer. ---- */
