@@ -282,13 +282,13 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
     double thresholds[NK_ICE_ROWS];
     float cuts[NK_ICE_ROWS];
     nk_ice_thresholds(group, thresholds, cuts);
-    /* Two passes: collect every row's candidates and prefetch their stored rows first, so the
-     * cache misses of a whole group overlap (a corpus does not fit in cache), then rescore. */
+    /* Two passes: collect every row's candidates and, in a corpus (which does not fit in cache),
+     * prefetch their stored rows first, so the misses of a whole group overlap; then rescore. */
     float list_upper[NK_ICE_ROWS][NK_ICE_LIST];
     int32_t list_doc[NK_ICE_ROWS][NK_ICE_LIST];
     unsigned counts[NK_ICE_ROWS];
     uint64_t next_tile[NK_ICE_ROWS];
-    size_t prefetch_bytes = row_bytes < NK_ICE_PREFETCH_BYTES ? row_bytes : NK_ICE_PREFETCH_BYTES;
+    size_t prefetch_bytes = !d->cold ? 0 : row_bytes < NK_ICE_PREFETCH_BYTES ? row_bytes : NK_ICE_PREFETCH_BYTES;
     for (uint64_t r = 0; r < rows; ++r) {
         counts[r] = 0, next_tile[r] = tiles;
         if (q->inv_norms[first_query + r] == 0.0) continue;
