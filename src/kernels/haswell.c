@@ -548,7 +548,7 @@ double nk_maxsim_haswell(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
             }
         }
         for (uint64_t r = 0; r < rows; ++r)
-            total += q->inv_norms[row0 + r] == 0.0 ? 1.0 : nk_distance_from_cos(best[r]);
+            total += nk_row_distance(q->inv_norms[row0 + r], best[r]);
     }
     return total;
 }

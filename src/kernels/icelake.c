@@ -360,7 +360,7 @@ double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
             nk_ice_candidates(q, d, &group, first_query, rows, first_doc, docs, scores, decoded_query);
         }
         for (uint64_t r = 0; r < rows; ++r)
-            total += q->inv_norms[first_query + r] == 0.0 ? 1.0 : nk_distance_from_cos(group.best[r]);
+            total += nk_row_distance(q->inv_norms[first_query + r], group.best[r]);
     }
     return total;
 }

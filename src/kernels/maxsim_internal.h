@@ -169,8 +169,10 @@ static inline double nk_decode(int dtype, void const *row, uint64_t k) {
     }
 }
 
-/* Distance contributed by one query row whose best cosine is `best_cos`. */
-static inline double nk_distance_from_cos(double best_cos) {
+/* Distance contributed by one query row (inverse norm inv_q) whose best cosine is `best_cos`:
+ * max(0, 1 - best_cos), and exactly 1 for a zero row, whose best_cos is not looked at. */
+static inline double nk_row_distance(double inv_q, double best_cos) {
+    if (inv_q == 0.0) return 1.0;
     double distance = 1.0 - best_cos;
     return distance > 0.0 ? distance : 0.0;
 }

@@ -848,7 +848,7 @@ static void nk_samx_group_total(nk_samx_context_t const *context, nk_samx_group_
                                 double *total) {
     nk_samx_finish_group(context, group, rows);
     for (uint64_t r = 0; r < rows; ++r)
-        *total += context->q->inv_norms[context->first_query + r] == 0.0 ? 1.0 : nk_distance_from_cos(group->best[r]);
+        *total += nk_row_distance(context->q->inv_norms[context->first_query + r], group->best[r]);
 }
 
 double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {

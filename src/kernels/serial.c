@@ -23,20 +23,16 @@ double nk_maxsim_serial(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     double total = 0.0;
     for (uint64_t i = 0; i < q->vectors; ++i) {
         double inv_q = q->inv_norms[i];
-        if (inv_q == 0.0) {
-            total += 1.0;
-            continue;
-        }
         void const *q_row = (char const *)q->values + i * row_bytes;
-        double best = -2.0;
-        for (uint64_t j = 0; j < d->vectors; ++j) {
+        double best = -2.0; /* a zero query row has no cosine: nk_row_distance counts it as 1 */
+        for (uint64_t j = 0; j < d->vectors && inv_q != 0.0; ++j) {
             double inv_d = d->inv_norms[j];
             double cos = inv_d == 0.0 ? 0.0
                                       : nk_dot_serial((int)q->dtype, q_row, (char const *)d->values + j * row_bytes,
                                                       q->depth) * inv_q * inv_d;
             if (cos > best) best = cos;
         }
-        total += nk_distance_from_cos(best);
+        total += nk_row_distance(inv_q, best);
     }
     return total;
 }

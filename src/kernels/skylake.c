@@ -510,13 +510,11 @@ double nk_maxsim_skylake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
 
         for (unsigned r = 0; r < query_rows; ++r) {
             double inv_q = q->inv_norms[q0 + r];
-            if (inv_q == 0.0) {
-                total += 1.0;
-                continue;
+            if (inv_q != 0.0) {
+                nk_skl_sort_pending(&pending[r]);
+                nk_skl_rescore_pending(q, d, row_bytes, q0 + r, inv_q, &pending[r]);
             }
-            nk_skl_sort_pending(&pending[r]);
-            nk_skl_rescore_pending(q, d, row_bytes, q0 + r, inv_q, &pending[r]);
-            total += nk_distance_from_cos(pending[r].best);
+            total += nk_row_distance(inv_q, pending[r].best);
         }
     }
     return total;

@@ -219,7 +219,7 @@ double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
             }
         }
         for (uint64_t r = 0; r < rows; ++r)
-            total += q->inv_norms[first_query + r] == 0.0 ? 1.0 : nk_distance_from_cos(best[r]);
+            total += nk_row_distance(q->inv_norms[first_query + r], best[r]);
     }
     return total;
 }
