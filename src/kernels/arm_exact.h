@@ -152,4 +152,16 @@ static inline float nk_arm_round_down(double x) {
     return f;
 }
 
+/* Rescore candidate `doc` of a query row: raise its best exact cosine, and with it the float32
+ * threshold the rest of its candidates are compared against. */
+static inline void nk_arm_rescore(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, void const *q_row, double inv_q,
+                                  uint64_t doc, size_t row_bytes, double *best, float *threshold) {
+    double cos = nk_arm_cosine(q, d, q_row, inv_q, doc, row_bytes);
+    if (cos > *best) {
+        *best = cos;
+        float raised = nk_arm_round_down(cos);
+        if (raised > *threshold) *threshold = raised;
+    }
+}
+
 #endif /* NUMKONG_ARM_EXACT_H */

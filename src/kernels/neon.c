@@ -201,13 +201,7 @@ double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
                         unsigned lane = (unsigned)__builtin_ctzll(candidates) >> 2;
                         candidates &= ~((uint64_t)0xF << (4 * lane));
                         if (upper[t + lane] < threshold) continue; /* the threshold rose since the compare */
-                        double cos = nk_arm_cosine(q, d, q_row, inv_q, first_doc + t + lane, row_bytes);
-                        if (cos > best[r]) {
-                            best[r] = cos;
-                            /* A better exact cosine tightens the threshold for what follows. */
-                            float raised = nk_arm_round_down(cos);
-                            if (raised > threshold) threshold = raised;
-                        }
+                        nk_arm_rescore(q, d, q_row, inv_q, first_doc + t + lane, row_bytes, &best[r], &threshold);
                     }
                 }
             }

@@ -207,13 +207,7 @@ double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
                         uint64_t lane = svcntp_b32(pg, svbrkb_b_z(pg, hits));
                         hits = svbic_b_z(pg, hits, svbrka_b_z(pg, hits));
                         if (upper[v + lane] < threshold) continue; /* the threshold rose since the compare */
-                        double cos = nk_arm_cosine(q, d, q_row, inv_q, first_doc + v + lane, row_bytes);
-                        if (cos > best[r]) {
-                            best[r] = cos;
-                            /* A better exact cosine tightens the threshold for what follows. */
-                            float raised = nk_arm_round_down(cos);
-                            if (raised > threshold) threshold = raised;
-                        }
+                        nk_arm_rescore(q, d, q_row, inv_q, first_doc + v + lane, row_bytes, &best[r], &threshold);
                     }
                 }
             }
