@@ -23,8 +23,7 @@
 #include "avx512_exact.h"
 #include "maxsim_internal.h"
 
-#define NK_SAMX_BLOCK_DOCS 512u   /* document rows per block (a multiple of 64): 32 KB of u for 16 rows */
-#define NK_SAMX_PAIR_BLOCK_DOCS 512u /* the same for each of two groups: 64 KB in all */
+#define NK_SAMX_BLOCK_DOCS 512u   /* document rows per block (a multiple of 64): 32 KB of u per 16 rows */
 #define NK_SAMX_CHUNK_STEPS 12u   /* 64-deep steps per pass over the A buffer: depth 768 in one pass */
 #define NK_SAMX_STEP_BYTES 1024u  /* one 16 x 64-byte tile */
 #define NK_SAMX_LIST 48u          /* candidates kept per row until the end (at least 16) */
@@ -617,7 +616,7 @@ NK_SAMX_INLINE void nk_samx_pair_dots(int8_t const *a0, int8_t const *a1, uint8_
 
 /* The paired form of nk_samx_screen_block for a depth of 16 groups or more in a single pass: both
  * groups' query tiles are built, `last_tile` holds the padded last document tile, and each group's
- * sums go to its half of block_buffer (NK_SAMX_PAIR_BLOCK_DOCS documents each). */
+ * sums go to its half of block_buffer (NK_SAMX_BLOCK_DOCS documents each). */
 static void nk_samx_screen_block_pair(nk_samx_context_t const context[2], uint64_t const rows[2], uint64_t first_doc,
                                       uint64_t docs, int8_t const *query_tiles[2], uint8_t const *last_tile,
                                       float *block_buffer, nk_samx_group_t group[2]) {
@@ -627,7 +626,7 @@ static void nk_samx_screen_block_pair(nk_samx_context_t const context[2], uint64
     uint64_t direct_tiles = first_doc + docs == d->vectors && docs % 16 ? tiles - 1 : tiles;
     uint64_t tail_back = 64 * depth.pad;
     uint8_t const *block = d->screen + first_doc * d->screen_depth;
-    int32_t *sums0 = (int32_t *)(void *)block_buffer, *sums1 = sums0 + 16 * NK_SAMX_PAIR_BLOCK_DOCS;
+    int32_t *sums0 = (int32_t *)(void *)block_buffer, *sums1 = sums0 + 16 * NK_SAMX_BLOCK_DOCS;
     nk_samx_start_block(&context[0], &group[0], rows[0], first_doc, docs);
     nk_samx_start_block(&context[1], &group[1], rows[1], first_doc, docs);
     for (uint64_t t = 0; t < tiles; t += 2) {
@@ -880,40 +879,28 @@ double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *
 
     double total = 0.0;
     for (uint64_t first_query = 0; first_query < q->vectors;) {
+        /* Two groups share every document tile load when the whole depth fits one pass. */
         uint64_t left = q->vectors - first_query;
-        if (single_pass && !depth.tiny && left > 16) { /* two groups share every document tile load */
-            uint64_t rows[2] = {16, left - 16 < 16 ? left - 16 : 16};
-            int8_t const *tiles[2] = {query_tiles[0], query_tiles[1]};
-            for (unsigned g = 0; g < 2; ++g) {
-                context[g].first_query = first_query + 16 * g;
-                nk_samx_group_init(q, context[g].first_query, rows[g], &group[g]);
-                nk_samx_build_query_tiles(q, &depth, context[g].first_query, 0, total_steps, query_tiles[g]);
-            }
-            for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_SAMX_PAIR_BLOCK_DOCS) {
-                uint64_t docs = d->vectors - first_doc < NK_SAMX_PAIR_BLOCK_DOCS ? d->vectors - first_doc
-                                                                                : NK_SAMX_PAIR_BLOCK_DOCS;
-                nk_samx_screen_block_pair(context, rows, first_doc, docs, tiles, last_tile, block_buffer, group);
-                /* A near-exact cosine right after the first block gives the later blocks a tighter cut. */
-                if (first_doc == 0 && docs < d->vectors)
-                    for (unsigned g = 0; g < 2; ++g) nk_samx_raise_round(&context[g], &group[g], rows[g]);
-            }
-            for (unsigned g = 0; g < 2; ++g) nk_samx_group_total(&context[g], &group[g], rows[g], &total);
-            first_query += 16 + rows[1];
-            continue;
+        unsigned groups = single_pass && !depth.tiny && left > 16 ? 2 : 1;
+        uint64_t rows[2] = {left < 16 ? left : 16, groups == 2 ? (left - 16 < 16 ? left - 16 : 16) : 0};
+        int8_t const *tiles[2] = {query_tiles[0], query_tiles[1]};
+        for (unsigned g = 0; g < groups; ++g) {
+            context[g].first_query = first_query + 16 * g;
+            nk_samx_group_init(q, context[g].first_query, rows[g], &group[g]);
+            if (single_pass) nk_samx_build_query_tiles(q, &depth, context[g].first_query, 0, total_steps, query_tiles[g]);
         }
-        uint64_t rows = left < 16 ? left : 16;
-        context[0].first_query = first_query;
-        nk_samx_group_init(q, first_query, rows, &group[0]);
-        if (single_pass) nk_samx_build_query_tiles(q, &depth, first_query, 0, total_steps, query_tiles[0]);
         for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_SAMX_BLOCK_DOCS) {
             uint64_t docs = d->vectors - first_doc < NK_SAMX_BLOCK_DOCS ? d->vectors - first_doc : NK_SAMX_BLOCK_DOCS;
-            nk_samx_screen_block(&context[0], rows, first_doc, docs, query_tiles[0], last_tile, single_pass,
-                                 block_buffer, &group[0]);
+            if (groups == 2) nk_samx_screen_block_pair(context, rows, first_doc, docs, tiles, last_tile, block_buffer, group);
+            else
+                nk_samx_screen_block(&context[0], rows[0], first_doc, docs, query_tiles[0], last_tile, single_pass,
+                                     block_buffer, &group[0]);
             /* A near-exact cosine right after the first block gives the later blocks a tighter cut. */
-            if (first_doc == 0 && docs < d->vectors) nk_samx_raise_round(&context[0], &group[0], rows);
+            if (first_doc == 0 && docs < d->vectors)
+                for (unsigned g = 0; g < groups; ++g) nk_samx_raise_round(&context[g], &group[g], rows[g]);
         }
-        nk_samx_group_total(&context[0], &group[0], rows, &total);
-        first_query += rows;
+        for (unsigned g = 0; g < groups; ++g) nk_samx_group_total(&context[g], &group[g], rows[g], &total);
+        first_query += rows[0] + rows[1];
     }
     _tile_release();
     return total;
