@@ -300,25 +300,59 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
             for (size_t line = 0; line < prefetch_bytes; line += 64) _mm_prefetch(d_row + line, _MM_HINT_T0);
         }
     }
+    /* Rescore in rounds: each round takes every row's largest upper bound that still reaches its
+     * cut, so the dot products of a round are independent work for the core to overlap; the exact
+     * cosines raise the cuts before the next round. Rows whose full list stopped the scan finish
+     * one at a time below. */
+    for (;;) {
+        void const *q_rows[NK_ICE_ROWS], *d_rows[NK_ICE_ROWS];
+        unsigned which[NK_ICE_ROWS], tops[NK_ICE_ROWS], n = 0;
+        for (uint64_t r = 0; r < rows; ++r) {
+            if (!counts[r]) continue;
+            unsigned top = 0;
+            for (unsigned c = 1; c < counts[r]; ++c)
+                if (list_upper[r][c] > list_upper[r][top]) top = c;
+            if (!(list_upper[r][top] >= cuts[r])) { /* nothing left in the list can win */
+                counts[r] = 0;
+                continue;
+            }
+            q_rows[n] = (char const *)q->values + (first_query + r) * row_bytes;
+            d_rows[n] = (char const *)d->values + (first_doc + (uint64_t)list_doc[r][top]) * row_bytes;
+            tops[n] = top, which[n++] = (unsigned)r;
+        }
+        if (!n) break;
+        double dots[NK_ICE_ROWS];
+        nk_x512_dot_batch((int)q->dtype, q_rows, d_rows, n, q->depth, dots);
+        for (unsigned k = 0; k < n; ++k) {
+            unsigned r = which[k], top = tops[k], last = --counts[r];
+            double inv_d = d->inv_norms[first_doc + (uint64_t)list_doc[r][top]];
+            double cos = inv_d == 0.0 ? 0.0 : dots[k] * q->inv_norms[first_query + r] * inv_d;
+            if (cos > group->best[r]) group->best[r] = cos;
+            if (cos > thresholds[r]) {
+                thresholds[r] = cos;
+                cuts[r] = nk_x512_round_down((cos - group->offset[r]) * group->inv_scale[r]);
+            }
+            list_upper[r][top] = list_upper[r][last];
+            list_doc[r][top] = list_doc[r][last];
+        }
+    }
     for (uint64_t r = 0; r < rows; ++r) {
         uint64_t i = first_query + r, tile = next_tile[r];
-        unsigned count = counts[r];
-        if (!count) continue;
+        if (tile == tiles) continue;
         float const *row_scores = scores + r * NK_ICE_BLOCK_DOCS;
         void const *q_row = (char const *)q->values + i * row_bytes;
-        /* Decode the query row once when it has several candidates (float64 rows are used in place). */
+        /* Decode the query row once for its many candidates (float64 rows are used in place). */
         double const *decoded = NULL;
         if (q->dtype == nk_dtype_float64_k) decoded = (double const *)q_row;
-        else if (q->depth <= NK_ICE_DECODED_DEPTH && (count > 1 || tile < tiles)) {
+        else if (q->depth <= NK_ICE_DECODED_DEPTH) {
             nk_x512_decode_row((int)q->dtype, q_row, q->depth, decoded_query);
             decoded = decoded_query;
         }
         nk_ice_row_t row = {q,    d, q_row, decoded, row_bytes, first_doc, q->inv_norms[i], group->inv_scale[r],
                             group->offset[r], &group->best[r], thresholds[r]};
-        float cut = nk_ice_drain(&row, list_upper[r], list_doc[r], count, cuts[r]);
-        /* A full list stopped the scan early: continue it with the raised cut. */
-        while (tile < tiles) {
-            count = nk_ice_scan(row_scores, &tile, tiles, cut, list_upper[r], list_doc[r]);
+        float cut = cuts[r];
+        while (tile < tiles) { /* continue the scan that a full list stopped, with the raised cut */
+            unsigned count = nk_ice_scan(row_scores, &tile, tiles, cut, list_upper[r], list_doc[r]);
             cut = nk_ice_drain(&row, list_upper[r], list_doc[r], count, cut);
         }
     }
