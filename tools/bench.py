@@ -6,6 +6,7 @@ vs a 1,000-document corpus) then runs in a fresh, unpinned process on 1 and on a
 maxsim-cpu's maxsim_scores_variable (which uses all cores).
 
     python tools/bench.py [--quick] [--json PATH] [--families] [--anchor-python PATH/TO/python]
+                          [--cpu-class icelake]
 
 Pairs run on one thread pinned to one CPU. For numkong the timed call is maxsim_packed() on
 pre-packed operands (what a reranker does per query and document); NumPy is matmul + max + sum on
@@ -16,6 +17,11 @@ pre-normalized float32 rows; torch the same in its dtype; maxsim-cpu its maxsim_
 `numkong` is timed as a black box through the same public names (maxsim_pack / maxsim_packed);
 rounds alternate between ours and the anchor and the best of each is kept. A dtype the anchor does
 not handle shows as n/a.
+
+--cpu-class icelake (or skylake, haswell) limits both numkong builds to the kernel families such a
+CPU has (both packages name them the same way), e.g. to measure on an AMX machine what a CPU with
+AVX-512 VNNI but no AVX512-BF16/FP16 or AMX would see. Ours goes through NUMKONG_DISABLE (so the
+corpus run is limited too), the anchor through its disable_capability().
 
 Accuracy is |score - reference| / reference, the reference being float64 MaxSim on the values as
 stored in the packing dtype (operands are handed over already in that dtype, so nothing is rounded
@@ -37,6 +43,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+CPU_CLASSES = ["serial", "haswell", "skylake", "icelake"]  # x86 families, each a superset of the last
 SHAPES = [(32, 180, 128), (32, 1024, 128), (1024, 1024, 128), (32, 512, 768)]  # queries, documents, depth
 DTYPES = ["float32", "bfloat16", "float16", "e4m3", "e5m2", "e2m3", "e3m2"]
 
@@ -74,7 +81,12 @@ def worker():
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            if request["op"] == "info":
+            if request["op"] == "keep":  # switch off every family not named
+                for name, enabled in dict(nk.get_capabilities()).items():
+                    if enabled and name not in request["families"]:
+                        nk.disable_capability(name)
+                reply = {}
+            elif request["op"] == "info":
                 capabilities = nk.get_capabilities() if hasattr(nk, "get_capabilities") else {}
                 reply = {"version": getattr(nk, "__version__", "?"),
                          "capabilities": sorted(k for k, v in dict(capabilities).items() if v)}
@@ -95,10 +107,14 @@ def worker():
 class Anchor:
     """A worker process under another interpreter; data goes through .npy files in a temp directory."""
 
-    def __init__(self, python):
+    def __init__(self, python, families=None):
         self.folder = tempfile.TemporaryDirectory(prefix="nk_bench_")
         self.process = subprocess.Popen([python, os.path.abspath(__file__), "--worker"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True, cwd=self.folder.name)
+        if families:
+            reply = self.ask(op="keep", families=families)
+            if "error" in reply:
+                raise RuntimeError(f"the anchor cannot be limited to {families}: {reply['error']}")
         self.info = self.ask(op="info")
 
     def ask(self, **request):
@@ -268,7 +284,8 @@ def run(args):
     meta = {kind: family_names(nk.get_capabilities(kind)) for kind in ("compiled", "cpu", "available")}
     meta["numkong"] = nk.__version__
     print(f"numkong {nk.__version__}: compiled {meta['compiled']}; CPU {meta['cpu']}; active {meta['available']}")
-    anchor = Anchor(args.anchor_python) if args.anchor_python else None
+    meta["cpu_class"] = args.cpu_class
+    anchor = Anchor(args.anchor_python, args.kept_families) if args.anchor_python else None
     if anchor:
         meta["anchor"] = anchor.info
         print(f"anchor numkong {anchor.info['version']}: {', '.join(anchor.info['capabilities'])}")
@@ -332,9 +349,16 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (best kept)")
     parser.add_argument("--target", type=float, default=0.02, help="seconds of calls per timing")
     parser.add_argument("--cpu", type=int, help="CPU to pin to (default: the first one allowed)")
+    parser.add_argument("--cpu-class", choices=CPU_CLASSES[1:],
+                        help="limit both numkong builds to the kernel families of this x86 CPU class")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--corpus-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.kept_families = CPU_CLASSES[:CPU_CLASSES.index(args.cpu_class) + 1] if args.cpu_class else None
+    if args.kept_families:  # before numkong is imported here or in the corpus worker, which inherits it
+        os.environ["NUMKONG_DISABLE"] = ",".join(
+            name for name in ("haswell", "skylake", "icelake", "sapphire", "sapphireamx")
+            if name not in args.kept_families)
     if args.worker:
         worker()
     elif args.corpus_worker:
