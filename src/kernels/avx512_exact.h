@@ -4,6 +4,7 @@
 #ifndef NUMKONG_AVX512_EXACT_H
 #define NUMKONG_AVX512_EXACT_H
 #include <immintrin.h>
+#include <math.h>
 
 #include "maxsim_internal.h"
 
@@ -226,6 +227,89 @@ static inline double nk_x512_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t 
 static inline float nk_x512_round_down(double x) {
     __m128 rounded = _mm_cvt_roundsd_ss(_mm_setzero_ps(), _mm_set_sd(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     return _mm_cvtss_f32(rounded);
+}
+
+/* ---- Float32 cosines with a proven error bound. ----
+ * Every format but float64 is exact in float32, so a float32 FMA dot product is off only by its own
+ * rounding: with m = the most roundings any product goes through, |error| <= gamma_m sum |a_k b_k|
+ * (gamma_m = m u / (1 - m u), u = 2^-24) plus 2^-149 per operation below the normal range, and
+ * sum |a_k b_k| <= |a| |b| = 1 / (inv_q inv_d) (up to the rounding of the stored inverse norms,
+ * covered by a factor 1.0001). The float64 cosine the contract uses differs from the real one by
+ * less than (depth + 8) 2^-52, which the slack adds too. A non-finite sum means over- or underflow
+ * and no bound at all. It costs about a quarter of the float64 dot product, and it serves twice:
+ * cos + slack below the best exact cosine rules a candidate out, and cos - slack is a lower bound
+ * on the best cosine that tightens the cut between document blocks. */
+
+/* 16 elements of a row as float32 (minifloats as their unscaled half images). */
+NK_X512_INLINE __m512 nk_x512_load16_f32(int dtype, void const *row, uint64_t k, __mmask16 lanes) {
+    switch (dtype) {
+    case nk_dtype_float32_k: return _mm512_maskz_loadu_ps(lanes, (float const *)row + k);
+    case nk_dtype_bfloat16_k:
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, (uint16_t const *)row + k)), 16));
+    default: return nk_x512_load16_half(dtype, row, k, lanes);
+    }
+}
+
+/* `a` is read as a_dtype (float32 for a query row decoded by nk_x512_decode_f32), `b` as b_dtype. */
+NK_X512_INLINE float nk_x512_dot_f32_kernel(int a_dtype, void const *a, int b_dtype, void const *b, uint64_t depth) {
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps(), sum2 = _mm512_setzero_ps(), sum3 = sum0;
+    uint64_t k = 0;
+    for (; k + 64 <= depth; k += 64) {
+        sum0 = _mm512_fmadd_ps(nk_x512_load16_f32(a_dtype, a, k, 0xFFFF), nk_x512_load16_f32(b_dtype, b, k, 0xFFFF), sum0);
+        sum1 = _mm512_fmadd_ps(nk_x512_load16_f32(a_dtype, a, k + 16, 0xFFFF),
+                               nk_x512_load16_f32(b_dtype, b, k + 16, 0xFFFF), sum1);
+        sum2 = _mm512_fmadd_ps(nk_x512_load16_f32(a_dtype, a, k + 32, 0xFFFF),
+                               nk_x512_load16_f32(b_dtype, b, k + 32, 0xFFFF), sum2);
+        sum3 = _mm512_fmadd_ps(nk_x512_load16_f32(a_dtype, a, k + 48, 0xFFFF),
+                               nk_x512_load16_f32(b_dtype, b, k + 48, 0xFFFF), sum3);
+    }
+    for (; k < depth; k += 16) {
+        __mmask16 lanes = nk_x512_tail_mask(depth - k);
+        sum0 = _mm512_fmadd_ps(nk_x512_load16_f32(a_dtype, a, k, lanes), nk_x512_load16_f32(b_dtype, b, k, lanes), sum0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum0, sum1), _mm512_add_ps(sum2, sum3)));
+}
+
+/* A stored row (not float64) as float32, minifloats as their unscaled half images, padded with zeros
+ * to a multiple of 16: a query row's side of its float32 checks, decoded once. */
+static inline void nk_x512_decode_f32(int dtype, void const *row, uint64_t depth, float *out) {
+    for (uint64_t k = 0; k < depth; k += 16)
+        _mm512_store_ps(out + k, nk_x512_load16_f32(dtype, row, k, nk_x512_tail_mask(depth - k)));
+}
+
+/* The cosine of two stored rows (inv_d > 0) from a float32 dot product, and in *slack how far the
+ * exact cosine can be from it: +inf when nothing can be said. `a` is the query row as stored, or
+ * decoded by nk_x512_decode_f32 when `a_decoded`. */
+static inline double nk_x512_cosine_f32(int dtype, void const *a, int a_decoded, void const *b, uint64_t depth,
+                                        double inv_q, double inv_d, double *slack) {
+    *slack = INFINITY;
+    float sum;
+    switch (dtype) {
+#define NK_X512_DOT_F32(format) \
+    case format: \
+        sum = a_decoded ? nk_x512_dot_f32_kernel(nk_dtype_float32_k, a, format, b, depth) \
+                        : nk_x512_dot_f32_kernel(format, a, format, b, depth); \
+        break;
+        NK_X512_DOT_F32(nk_dtype_float32_k)
+        NK_X512_DOT_F32(nk_dtype_bfloat16_k)
+        NK_X512_DOT_F32(nk_dtype_float16_k)
+        NK_X512_DOT_F32(nk_dtype_e4m3_k)
+        NK_X512_DOT_F32(nk_dtype_e5m2_k)
+        NK_X512_DOT_F32(nk_dtype_e2m3_k)
+        NK_X512_DOT_F32(nk_dtype_e3m2_k)
+#undef NK_X512_DOT_F32
+    default: return 0.0; /* float64 does not fit float32 */
+    }
+    if (!(sum - sum == 0.0f)) return 0.0;
+    /* Roundings per product: the chain of one accumulator lane, the tail, and a generous 24 for
+     * combining accumulators and lanes in any order. */
+    double roundings = (double)(depth / 64 + 1) + 24.0, unit = 0x1p-24;
+    double gamma = roundings * unit / (1.0 - roundings * unit);
+    double scale = nk_x512_product_scale(dtype) * inv_q * inv_d;
+    double underflow = (double)(depth + 64) * 0x1p-149 * scale, contract = (double)(depth + 8) * 0x1p-52;
+    *slack = gamma * 1.0001 + underflow + contract;
+    return (double)sum * scale;
 }
 
 #endif /* NUMKONG_AVX512_EXACT_H */

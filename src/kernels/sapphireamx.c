@@ -30,7 +30,7 @@
 #define NK_SAMX_DECODED_DEPTH 1024u
 #define NK_SAMX_PREFETCH_BYTES 1024u /* leading bytes of each candidate row prefetched when collected */
 
-#define NK_SAMX_INLINE static inline __attribute__((always_inline))
+#define NK_X512_INLINE static inline __attribute__((always_inline))
 
 /* A scratch build can count candidates, float32 checks and float64 rescorings; the library build
  * does nothing here. */
@@ -43,90 +43,6 @@
 #ifndef NK_SAMX_COUNT_CHECK
 #define NK_SAMX_COUNT_CHECK() ((void)0)
 #endif
-
-/* ---- Float32 cosines with a proven error bound. ----
- * Every format but float64 is exact in float32, so a float32 FMA dot product is off only by its own
- * rounding: with m = the most roundings any product goes through, |error| <= gamma_m sum |a_k b_k|
- * (gamma_m = m u / (1 - m u), u = 2^-24) plus 2^-149 per operation below the normal range, and
- * sum |a_k b_k| <= |a| |b| = 1 / (inv_q inv_d) (up to the rounding of the stored inverse norms,
- * covered by a factor 1.0001). The float64 cosine the contract uses differs from the real one by
- * less than (depth + 8) 2^-52, which the slack adds too. A non-finite sum means over- or underflow
- * and no bound at all. It costs about a quarter of the float64 dot product, and it serves twice:
- * cos + slack below the best exact cosine rules a candidate out, and cos - slack is a lower bound
- * on the best cosine that tightens the cut between document blocks. */
-
-/* 16 elements of a row as float32 (minifloats as their unscaled half images). */
-NK_SAMX_INLINE __m512 nk_samx_load16_f32(int dtype, void const *row, uint64_t k, __mmask16 lanes) {
-    switch (dtype) {
-    case nk_dtype_float32_k: return _mm512_maskz_loadu_ps(lanes, (float const *)row + k);
-    case nk_dtype_bfloat16_k:
-        return _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, (uint16_t const *)row + k)), 16));
-    default: return nk_x512_load16_half(dtype, row, k, lanes);
-    }
-}
-
-/* `a` is read as a_dtype (float32 for a query row decoded by nk_samx_decode_f32), `b` as b_dtype. */
-NK_SAMX_INLINE float nk_samx_dot_f32_kernel(int a_dtype, void const *a, int b_dtype, void const *b, uint64_t depth) {
-    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps(), sum2 = _mm512_setzero_ps(), sum3 = sum0;
-    uint64_t k = 0;
-    for (; k + 64 <= depth; k += 64) {
-        sum0 = _mm512_fmadd_ps(nk_samx_load16_f32(a_dtype, a, k, 0xFFFF), nk_samx_load16_f32(b_dtype, b, k, 0xFFFF), sum0);
-        sum1 = _mm512_fmadd_ps(nk_samx_load16_f32(a_dtype, a, k + 16, 0xFFFF),
-                               nk_samx_load16_f32(b_dtype, b, k + 16, 0xFFFF), sum1);
-        sum2 = _mm512_fmadd_ps(nk_samx_load16_f32(a_dtype, a, k + 32, 0xFFFF),
-                               nk_samx_load16_f32(b_dtype, b, k + 32, 0xFFFF), sum2);
-        sum3 = _mm512_fmadd_ps(nk_samx_load16_f32(a_dtype, a, k + 48, 0xFFFF),
-                               nk_samx_load16_f32(b_dtype, b, k + 48, 0xFFFF), sum3);
-    }
-    for (; k < depth; k += 16) {
-        __mmask16 lanes = nk_x512_tail_mask(depth - k);
-        sum0 = _mm512_fmadd_ps(nk_samx_load16_f32(a_dtype, a, k, lanes), nk_samx_load16_f32(b_dtype, b, k, lanes), sum0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum0, sum1), _mm512_add_ps(sum2, sum3)));
-}
-
-/* A stored row (not float64) as float32, minifloats as their unscaled half images, padded with zeros
- * to a multiple of 16: a query row's side of its float32 checks, decoded once. */
-static void nk_samx_decode_f32(int dtype, void const *row, uint64_t depth, float *out) {
-    for (uint64_t k = 0; k < depth; k += 16)
-        _mm512_store_ps(out + k, nk_samx_load16_f32(dtype, row, k, nk_x512_tail_mask(depth - k)));
-}
-
-/* The cosine of two stored rows (inv_d > 0) from a float32 dot product, and in *slack how far the
- * exact cosine can be from it: +inf when nothing can be said. `a` is the query row as stored, or
- * decoded by nk_samx_decode_f32 when `a_decoded`. */
-static double nk_samx_cosine_f32(int dtype, void const *a, int a_decoded, void const *b, uint64_t depth, double inv_q,
-                                 double inv_d, double *slack) {
-    NK_SAMX_COUNT_CHECK();
-    *slack = INFINITY;
-    float sum;
-    switch (dtype) {
-#define NK_SAMX_DOT_F32(format) \
-    case format: \
-        sum = a_decoded ? nk_samx_dot_f32_kernel(nk_dtype_float32_k, a, format, b, depth) \
-                        : nk_samx_dot_f32_kernel(format, a, format, b, depth); \
-        break;
-        NK_SAMX_DOT_F32(nk_dtype_float32_k)
-        NK_SAMX_DOT_F32(nk_dtype_bfloat16_k)
-        NK_SAMX_DOT_F32(nk_dtype_float16_k)
-        NK_SAMX_DOT_F32(nk_dtype_e4m3_k)
-        NK_SAMX_DOT_F32(nk_dtype_e5m2_k)
-        NK_SAMX_DOT_F32(nk_dtype_e2m3_k)
-        NK_SAMX_DOT_F32(nk_dtype_e3m2_k)
-#undef NK_SAMX_DOT_F32
-    default: return 0.0; /* float64 does not fit float32 */
-    }
-    if (!(sum - sum == 0.0f)) return 0.0;
-    /* Roundings per product: the chain of one accumulator lane, the tail, and a generous 24 for
-     * combining accumulators and lanes in any order. */
-    double roundings = (double)(depth / 64 + 1) + 24.0, unit = 0x1p-24;
-    double gamma = roundings * unit / (1.0 - roundings * unit);
-    double scale = nk_x512_product_scale(dtype) * inv_q * inv_d;
-    double underflow = (double)(depth + 64) * 0x1p-149 * scale, contract = (double)(depth + 8) * 0x1p-52;
-    *slack = gamma * 1.0001 + underflow + contract;
-    return (double)sum * scale;
-}
 
 /* ---- Screening. ----
  * Bounds are kept in units of the query's screening step s_q, so only per-row constants remain:
@@ -176,12 +92,12 @@ typedef struct nk_samx_context {
     nk_maxsim_view_t const *q, *d;
     size_t row_bytes;
     double *decoded; /* room for one query row in float64 */
-    float *decoded32; /* room for one query row in float32 (nk_samx_decode_f32) */
+    float *decoded32; /* room for one query row in float32 (nk_x512_decode_f32) */
     uint64_t first_query;
 } nk_samx_context_t;
 
 /* Transpose a 16 x 16 matrix of 32-bit words held in 16 registers. */
-NK_SAMX_INLINE void nk_samx_transpose16(__m512i r[16]) {
+NK_X512_INLINE void nk_samx_transpose16(__m512i r[16]) {
     __m512i t[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i += 2) {
@@ -280,7 +196,7 @@ static void nk_samx_copy_doc_tile(nk_maxsim_view_t const *d, uint64_t t, int64_t
  * doc[t] + 1024 s, except the last, which `tail_back` bytes earlier is end-aligned; the query tile's
  * is at a_tiles + 1024 s. With `stationary` the query tiles are already in registers 4 and 5 (at
  * most two steps). */
-NK_SAMX_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *const doc[4], uint64_t steps,
+NK_X512_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *const doc[4], uint64_t steps,
                                       uint64_t tail_back, int32_t const *init, int stationary, int const DT) {
     if (init) {
         _tile_loadd(0, init, 64);
@@ -357,7 +273,7 @@ NK_SAMX_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *cons
 }
 
 /* Store the DT accumulators contiguously: tile t at out + 256 t. */
-NK_SAMX_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
+NK_X512_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
     _tile_stored(0, out, 64);
     if (DT > 1) _tile_stored(1, out + 256, 64);
     if (DT > 2) _tile_stored(2, out + 512, 64);
@@ -367,7 +283,7 @@ NK_SAMX_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
 /* Turn DT stored tiles of biased sums (tile t at sums + 256 t, row r at + 16 r; all lanes present but
  * possibly the last tile's `last_lanes`) into u in place (absent lanes hold junk that the scan masks
  * off), raising the per-lane maxima of l. */
-NK_SAMX_INLINE void nk_samx_quad_epilogue(int32_t *sums, uint64_t rows, float const *scales_d, float const *errors_d,
+NK_X512_INLINE void nk_samx_quad_epilogue(int32_t *sums, uint64_t rows, float const *scales_d, float const *errors_d,
                                           __mmask16 last_lanes, nk_samx_group_t *group, int const DT) {
     __m512 scale[4], error[4];
     __mmask16 lanes[4];
@@ -591,7 +507,7 @@ static void nk_samx_screen_block(nk_samx_context_t const *context, uint64_t rows
  * accumulators 0/1 take group 0 against documents 0/1, 2/3 group 1. Each document tile loaded from L2
  * serves both groups, which halves the document traffic of one stationary group; the query tiles come
  * from L1. */
-NK_SAMX_INLINE void nk_samx_pair_dots(int8_t const *a0, int8_t const *a1, uint8_t const *const doc[2], uint64_t steps,
+NK_X512_INLINE void nk_samx_pair_dots(int8_t const *a0, int8_t const *a1, uint8_t const *const doc[2], uint64_t steps,
                                       uint64_t tail_back, int const DT) {
     _tile_zero(0);
     _tile_zero(2);
@@ -715,11 +631,11 @@ static void nk_samx_drain_row(nk_samx_context_t const *context, nk_samx_group_t 
         double inv_d = context->d->inv_norms[doc], slack;
         int check = screen && group->best[r] > -INFINITY && inv_d != 0.0;
         if (check && !decoded32 && context->q->dtype != nk_dtype_float32_k && context->q->depth <= NK_SAMX_DECODED_DEPTH) {
-            nk_samx_decode_f32((int)context->q->dtype, q_row, context->q->depth, context->decoded32);
+            nk_x512_decode_f32((int)context->q->dtype, q_row, context->q->depth, context->decoded32);
             decoded32 = context->decoded32; /* a row with one check pays the same decoding either way */
         }
-        if (check &&
-            nk_samx_cosine_f32((int)context->q->dtype, decoded32 ? (void const *)decoded32 : q_row, decoded32 != NULL,
+        if (check && (NK_SAMX_COUNT_CHECK(), 1) &&
+            nk_x512_cosine_f32((int)context->q->dtype, decoded32 ? (void const *)decoded32 : q_row, decoded32 != NULL,
                                (char const *)context->d->values + doc * context->row_bytes, context->q->depth,
                                context->q->inv_norms[context->first_query + r], inv_d, &slack) +
                     slack <
@@ -792,10 +708,12 @@ static void nk_samx_raise_round(nk_samx_context_t const *context, nk_samx_group_
         unsigned top = nk_samx_top(group->list_upper[r], count);
         uint64_t doc = group->list_base + group->list_doc[r][top];
         double inv_d = d->inv_norms[doc], slack = 0.0, cos = 0.0; /* a zero row: exactly 0 */
-        if (inv_d != 0.0)
-            cos = nk_samx_cosine_f32((int)q->dtype, (char const *)q->values + (context->first_query + r) * context->row_bytes, 0,
+        if (inv_d != 0.0) {
+            NK_SAMX_COUNT_CHECK();
+            cos = nk_x512_cosine_f32((int)q->dtype, (char const *)q->values + (context->first_query + r) * context->row_bytes, 0,
                                      (char const *)d->values + doc * context->row_bytes, q->depth,
                                      q->inv_norms[context->first_query + r], inv_d, &slack);
+        }
         double lower = cos - slack;
         if (lower > group->threshold[r]) {
             group->threshold[r] = lower;
