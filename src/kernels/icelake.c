@@ -22,7 +22,6 @@
 #define NK_ICE_LIST 128u           /* candidates collected per row before rescoring them best-first */
 #define NK_ICE_DECODED_DEPTH 1024u /* deepest query row decoded to float64 on the stack (8 KB) */
 #define NK_ICE_PREFETCH_BYTES 1024u /* leading bytes of each candidate row prefetched before rescoring */
-#define NK_ICE_CHECK_DEPTH 256u    /* shallower, a float32 check costs about a batched float64 dot product */
 
 #define NK_ICE_INLINE static inline __attribute__((always_inline))
 
@@ -273,12 +272,6 @@ static void nk_ice_thresholds(nk_ice_group_t const *group, double *thresholds, f
     _mm256_storeu_ps(cuts, _mm512_cvt_roundpd_ps(cut, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
 }
 
-/* Out of line: the common shallow case then keeps its registers. */
-static __attribute__((noinline)) double nk_ice_cosine_f32(int dtype, void const *a, void const *b, uint64_t depth,
-                                                          double inv_q, double inv_d, double *slack) {
-    return nk_x512_cosine_f32(dtype, a, 0, b, depth, inv_q, inv_d, slack);
-}
-
 /* Every document of one screened block whose upper bound reaches max(best lower bound, best exact
  * cosine) is rescored exactly, raising group->best. */
 static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, nk_ice_group_t *group,
@@ -307,12 +300,36 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
             for (size_t line = 0; line < prefetch_bytes; line += 64) _mm_prefetch(d_row + line, _MM_HINT_T0);
         }
     }
-    /* Rescore in rounds: each round takes every row's largest upper bound that still reaches its
-     * cut, so the dot products of a round are independent work for the core to overlap; the exact
-     * cosines raise the cuts before the next round. Rows whose full list stopped the scan finish
-     * one at a time below. */
-    int checks = q->dtype != nk_dtype_float64_k && q->depth >= NK_ICE_CHECK_DEPTH;
+    /* Rescore in rounds. A row with an exact cosine first checks every candidate that still
+     * reaches its cut in float32 (a fraction of the float64 cost): one provably below that cosine
+     * is dropped, which leaves only true near-ties. Then each round takes every row's largest upper
+     * bound that still reaches its cut, so the float64 dot products of a round are independent work
+     * for the core to overlap; the exact cosines raise the cuts before the next round. Rows whose
+     * full list stopped the scan finish one at a time below. */
+    int checks = q->dtype != nk_dtype_float64_k;
+    double checked_against[NK_ICE_ROWS];
+    for (uint64_t r = 0; r < rows; ++r) checked_against[r] = -INFINITY;
     for (;;) {
+        for (uint64_t r = 0; checks && r < rows; ++r) {
+            double best = group->best[r];
+            if (!counts[r] || !(best > checked_against[r])) continue; /* nothing new to check against */
+            checked_against[r] = best;
+            void const *q_row = (char const *)q->values + (first_query + r) * row_bytes;
+            double inv_q = q->inv_norms[first_query + r];
+            for (unsigned c = 0; c < counts[r];) {
+                uint64_t doc = first_doc + (uint64_t)list_doc[r][c];
+                double inv_d = d->inv_norms[doc], slack;
+                if (list_upper[r][c] >= cuts[r] && inv_d != 0.0 &&
+                    nk_x512_cosine_f32((int)q->dtype, q_row, 0, (char const *)d->values + doc * row_bytes, q->depth,
+                                       inv_q, inv_d, &slack) + slack < best) {
+                    unsigned last = --counts[r];
+                    list_upper[r][c] = list_upper[r][last];
+                    list_doc[r][c] = list_doc[r][last];
+                    continue;
+                }
+                ++c;
+            }
+        }
         void const *q_rows[NK_ICE_ROWS], *d_rows[NK_ICE_ROWS];
         unsigned which[NK_ICE_ROWS], tops[NK_ICE_ROWS], n = 0;
         for (uint64_t r = 0; r < rows; ++r) {
@@ -329,25 +346,6 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
             tops[n] = top, which[n++] = (unsigned)r;
         }
         if (!n) break;
-        /* Past a row's first exact cosine, a deep candidate is checked in float32 first (a quarter
-         * of the cost): one provably below that cosine needs no float64 dot product. */
-        if (checks) {
-            unsigned kept = 0;
-            for (unsigned k = 0; k < n; ++k) {
-                unsigned r = which[k];
-                double inv_d = d->inv_norms[first_doc + (uint64_t)list_doc[r][tops[k]]], slack;
-                if (group->best[r] > -INFINITY && inv_d != 0.0 &&
-                    nk_ice_cosine_f32((int)q->dtype, q_rows[k], d_rows[k], q->depth, q->inv_norms[first_query + r],
-                                      inv_d, &slack) + slack < group->best[r]) {
-                    unsigned last = --counts[r];
-                    list_upper[r][tops[k]] = list_upper[r][last];
-                    list_doc[r][tops[k]] = list_doc[r][last];
-                    continue;
-                }
-                q_rows[kept] = q_rows[k], d_rows[kept] = d_rows[k], tops[kept] = tops[k], which[kept++] = r;
-            }
-            n = kept;
-        }
         double dots[NK_ICE_ROWS];
         nk_x512_dot_batch((int)q->dtype, q_rows, d_rows, n, q->depth, dots);
         for (unsigned k = 0; k < n; ++k) {
