@@ -138,6 +138,70 @@ NK_X512_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b
     return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(sum0, sum1), _mm512_add_pd(sum2, sum3)));
 }
 
+/* ---- Exact integer dot products of fp6 rows. ----
+ * Every e2m3 value is a multiple of 2^-3 and every e3m2 value one of 2^-4, at most 60 and 448 of
+ * those units: an int16. A 32-entry word table turns a code's 5-bit magnitude into that integer,
+ * vpmaddwd multiplies and adds pairs exactly, and an int32 lane holds the products of 4,096
+ * elements (2 * 448^2 per pair, 2,048 pairs: < 2^31) before it is widened to float64, where the
+ * whole sum (< 2^53) stays exact. Several times cheaper than decoding to floats. */
+#define NK_X512_FP6_CHUNK 4096u
+
+static inline int nk_x512_is_fp6(int dtype) { return dtype == nk_dtype_e2m3_k || dtype == nk_dtype_e3m2_k; }
+
+/* Magnitudes of the 32 codes without their sign bit, in units of the smallest subnormal. */
+static inline __m512i nk_x512_fp6_table(int dtype) {
+    static int16_t const e2m3[32] __attribute__((aligned(64))) = {
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 26, 28, 30,
+        32, 36, 40, 44, 48, 52, 56, 60}; /* e = c >> 3, m = c & 7: m or (8 + m) << (e - 1) */
+    static int16_t const e3m2[32] __attribute__((aligned(64))) = {
+        0,  1,  2,  3,  4,  5,  6,  7,  8,  10, 12, 14, 16,  20,  24,  28,
+        32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448}; /* m or (4 + m) << (e - 1) */
+    return _mm512_load_si512(dtype == nk_dtype_e2m3_k ? e2m3 : e3m2);
+}
+
+/* Elements k .. k+31 (`lanes` of them) of an fp6 row: magnitudes as int16, and which are negative. */
+NK_X512_INLINE __m512i nk_x512_load32_fp6(__m512i table, void const *row, uint64_t k, __mmask32 lanes,
+                                          __mmask32 *negative) {
+    __m512i codes = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(lanes, (uint8_t const *)row + k));
+    *negative = _mm512_test_epi16_mask(codes, _mm512_set1_epi16(0x20));
+    return _mm512_permutexvar_epi16(codes, table); /* the index is the low 5 bits */
+}
+
+/* The dot product of two stored fp6 rows, exactly (already scaled: not a half-image sum). */
+NK_X512_INLINE double nk_x512_dot_fp6(int dtype, void const *a, void const *b, uint64_t depth) {
+    __m512i table = nk_x512_fp6_table(dtype);
+    __m512d total = _mm512_setzero_pd();
+    for (uint64_t chunk = 0; chunk < depth; chunk += NK_X512_FP6_CHUNK) {
+        uint64_t end = depth - chunk < NK_X512_FP6_CHUNK ? depth : chunk + NK_X512_FP6_CHUNK;
+        __m512i sum0 = _mm512_setzero_si512(), sum1 = _mm512_setzero_si512();
+        uint64_t k = chunk;
+        for (; k + 64 <= end; k += 64) {
+            __mmask32 negative_a0, negative_b0, negative_a1, negative_b1;
+            __m512i a0 = nk_x512_load32_fp6(table, a, k, 0xFFFFFFFFu, &negative_a0);
+            __m512i b0 = nk_x512_load32_fp6(table, b, k, 0xFFFFFFFFu, &negative_b0);
+            __m512i a1 = nk_x512_load32_fp6(table, a, k + 32, 0xFFFFFFFFu, &negative_a1);
+            __m512i b1 = nk_x512_load32_fp6(table, b, k + 32, 0xFFFFFFFFu, &negative_b1);
+            b0 = _mm512_mask_sub_epi16(b0, negative_a0 ^ negative_b0, _mm512_setzero_si512(), b0);
+            b1 = _mm512_mask_sub_epi16(b1, negative_a1 ^ negative_b1, _mm512_setzero_si512(), b1);
+            sum0 = _mm512_add_epi32(sum0, _mm512_madd_epi16(a0, b0));
+            sum1 = _mm512_add_epi32(sum1, _mm512_madd_epi16(a1, b1));
+        }
+        for (; k < end; k += 32) {
+            uint64_t left = end - k;
+            __mmask32 lanes = left >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << left) - 1u), negative_a, negative_b;
+            __m512i a0 = nk_x512_load32_fp6(table, a, k, lanes, &negative_a);
+            __m512i b0 = nk_x512_load32_fp6(table, b, k, lanes, &negative_b);
+            b0 = _mm512_mask_sub_epi16(b0, negative_a ^ negative_b, _mm512_setzero_si512(), b0);
+            sum0 = _mm512_add_epi32(sum0, _mm512_madd_epi16(a0, b0));
+        }
+        __m512i sum = _mm512_add_epi32(sum0, sum1); /* at most 2 * 448^2 * 2,048: no overflow */
+        total = _mm512_add_pd(total, _mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)));
+        total = _mm512_add_pd(total, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1)));
+    }
+    double unit = dtype == nk_dtype_e2m3_k ? 0x1p-6 : 0x1p-8; /* the square of the unit */
+    return _mm512_reduce_add_pd(total) * unit;
+}
+
 /* Dot product of two stored rows. */
 static inline double nk_x512_dot_stored(int dtype, void const *a, void const *b, uint64_t depth) {
     switch (dtype) {
@@ -148,8 +212,8 @@ static inline double nk_x512_dot_stored(int dtype, void const *a, void const *b,
 #define NK_X512_HALVES(format) nk_x512_dot_halves(format, a, b, depth) * nk_x512_product_scale(format)
     case nk_dtype_e4m3_k: return NK_X512_HALVES(nk_dtype_e4m3_k);
     case nk_dtype_e5m2_k: return NK_X512_HALVES(nk_dtype_e5m2_k);
-    case nk_dtype_e2m3_k: return NK_X512_HALVES(nk_dtype_e2m3_k);
-    case nk_dtype_e3m2_k: return NK_X512_HALVES(nk_dtype_e3m2_k);
+    case nk_dtype_e2m3_k: return nk_x512_dot_fp6(nk_dtype_e2m3_k, a, b, depth);
+    case nk_dtype_e3m2_k: return nk_x512_dot_fp6(nk_dtype_e3m2_k, a, b, depth);
 #undef NK_X512_HALVES
     default: return 0.0;
     }
@@ -191,10 +255,8 @@ static inline void nk_x512_dot_batch(int dtype, void const *const *a, void const
                                            nk_x512_product_scale(nk_dtype_e4m3_k))
         NK_X512_BATCH(nk_dtype_e5m2_k, nk_x512_dot_halves(nk_dtype_e5m2_k, a[k], b[k], depth) *
                                            nk_x512_product_scale(nk_dtype_e5m2_k))
-        NK_X512_BATCH(nk_dtype_e2m3_k, nk_x512_dot_halves(nk_dtype_e2m3_k, a[k], b[k], depth) *
-                                           nk_x512_product_scale(nk_dtype_e2m3_k))
-        NK_X512_BATCH(nk_dtype_e3m2_k, nk_x512_dot_halves(nk_dtype_e3m2_k, a[k], b[k], depth) *
-                                           nk_x512_product_scale(nk_dtype_e3m2_k))
+        NK_X512_BATCH(nk_dtype_e2m3_k, nk_x512_dot_fp6(nk_dtype_e2m3_k, a[k], b[k], depth))
+        NK_X512_BATCH(nk_dtype_e3m2_k, nk_x512_dot_fp6(nk_dtype_e3m2_k, a[k], b[k], depth))
 #undef NK_X512_BATCH
     default:
         for (unsigned k = 0; k < n; ++k) out[k] = 0.0;
@@ -280,9 +342,14 @@ static inline void nk_x512_decode_f32(int dtype, void const *row, uint64_t depth
 
 /* The cosine of two stored rows (inv_d > 0) from a float32 dot product, and in *slack how far the
  * exact cosine can be from it: +inf when nothing can be said. `a` is the query row as stored, or
- * decoded by nk_x512_decode_f32 when `a_decoded`. */
+ * decoded by nk_x512_decode_f32 when `a_decoded`. Two stored fp6 rows get the exact cosine and a
+ * slack of 0. */
 static inline double nk_x512_cosine_f32(int dtype, void const *a, int a_decoded, void const *b, uint64_t depth,
                                         double inv_q, double inv_d, double *slack) {
+    if (!a_decoded && nk_x512_is_fp6(dtype)) { /* exact, and no dearer than the float32 sum */
+        *slack = 0.0;
+        return nk_x512_dot_fp6(dtype, a, b, depth) * inv_q * inv_d;
+    }
     *slack = INFINITY;
     float sum;
     switch (dtype) {

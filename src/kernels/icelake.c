@@ -369,7 +369,7 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
         /* Decode the query row once for its many candidates (float64 rows are used in place). */
         double const *decoded = NULL;
         if (q->dtype == nk_dtype_float64_k) decoded = (double const *)q_row;
-        else if (q->depth <= NK_ICE_DECODED_DEPTH) {
+        else if (q->depth <= NK_ICE_DECODED_DEPTH && !nk_x512_is_fp6((int)q->dtype)) { /* fp6: integers, as stored */
             nk_x512_decode_row((int)q->dtype, q_row, q->depth, decoded_query);
             decoded = decoded_query;
         }
