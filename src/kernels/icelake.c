@@ -169,21 +169,9 @@ typedef struct nk_ice_row {
     double *best, threshold;
 } nk_ice_row_t;
 
-/* Rescore collected candidates, the largest upper bound first, until none reaches the cut.
- * Returns the (possibly raised) cut. */
+/* Rescore collected candidates, the largest upper bound first, until none reaches the cut: a row
+ * whose full list stopped its scan. Returns the (possibly raised) cut. */
 static float nk_ice_drain(nk_ice_row_t *row, float *list_upper, int32_t *list_doc, unsigned count, float cut) {
-    if (count == 1) { /* the common case at moderate depth: one finalist, nothing to order */
-        if (list_upper[0] >= cut) {
-            double cos = nk_x512_cosine(row->q, row->d, row->q_row, row->decoded, row->inv_q,
-                                       row->first_doc + (uint64_t)list_doc[0], row->row_bytes);
-            if (cos > *row->best) *row->best = cos;
-            if (cos > row->threshold) {
-                row->threshold = cos;
-                cut = nk_x512_round_down((cos - row->a) * row->inv_scale_q);
-            }
-        }
-        return cut;
-    }
     while (count) {
         unsigned top = 0;
         for (unsigned c = 1; c < count; ++c)
