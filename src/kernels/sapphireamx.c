@@ -30,7 +30,7 @@
 #define NK_SAMX_DECODED_DEPTH 1024u
 #define NK_SAMX_PREFETCH_BYTES 1024u /* leading bytes of each candidate row prefetched when collected */
 
-#define NK_X512_INLINE static inline __attribute__((always_inline))
+#define NK_SAMX_INLINE static inline __attribute__((always_inline))
 
 /* A scratch build can count candidates, float32 checks and float64 rescorings; the library build
  * does nothing here. */
@@ -97,7 +97,7 @@ typedef struct nk_samx_context {
 } nk_samx_context_t;
 
 /* Transpose a 16 x 16 matrix of 32-bit words held in 16 registers. */
-NK_X512_INLINE void nk_samx_transpose16(__m512i r[16]) {
+NK_SAMX_INLINE void nk_samx_transpose16(__m512i r[16]) {
     __m512i t[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i += 2) {
@@ -196,7 +196,7 @@ static void nk_samx_copy_doc_tile(nk_maxsim_view_t const *d, uint64_t t, int64_t
  * doc[t] + 1024 s, except the last, which `tail_back` bytes earlier is end-aligned; the query tile's
  * is at a_tiles + 1024 s. With `stationary` the query tiles are already in registers 4 and 5 (at
  * most two steps). */
-NK_X512_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *const doc[4], uint64_t steps,
+NK_SAMX_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *const doc[4], uint64_t steps,
                                       uint64_t tail_back, int32_t const *init, int stationary, int const DT) {
     if (init) {
         _tile_loadd(0, init, 64);
@@ -273,7 +273,7 @@ NK_X512_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *cons
 }
 
 /* Store the DT accumulators contiguously: tile t at out + 256 t. */
-NK_X512_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
+NK_SAMX_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
     _tile_stored(0, out, 64);
     if (DT > 1) _tile_stored(1, out + 256, 64);
     if (DT > 2) _tile_stored(2, out + 512, 64);
@@ -283,7 +283,7 @@ NK_X512_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
 /* Turn DT stored tiles of biased sums (tile t at sums + 256 t, row r at + 16 r; all lanes present but
  * possibly the last tile's `last_lanes`) into u in place (absent lanes hold junk that the scan masks
  * off), raising the per-lane maxima of l. */
-NK_X512_INLINE void nk_samx_quad_epilogue(int32_t *sums, uint64_t rows, float const *scales_d, float const *errors_d,
+NK_SAMX_INLINE void nk_samx_quad_epilogue(int32_t *sums, uint64_t rows, float const *scales_d, float const *errors_d,
                                           __mmask16 last_lanes, nk_samx_group_t *group, int const DT) {
     __m512 scale[4], error[4];
     __mmask16 lanes[4];
@@ -507,7 +507,7 @@ static void nk_samx_screen_block(nk_samx_context_t const *context, uint64_t rows
  * accumulators 0/1 take group 0 against documents 0/1, 2/3 group 1. Each document tile loaded from L2
  * serves both groups, which halves the document traffic of one stationary group; the query tiles come
  * from L1. */
-NK_X512_INLINE void nk_samx_pair_dots(int8_t const *a0, int8_t const *a1, uint8_t const *const doc[2], uint64_t steps,
+NK_SAMX_INLINE void nk_samx_pair_dots(int8_t const *a0, int8_t const *a1, uint8_t const *const doc[2], uint64_t steps,
                                       uint64_t tail_back, int const DT) {
     _tile_zero(0);
     _tile_zero(2);
