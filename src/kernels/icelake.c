@@ -169,13 +169,19 @@ typedef struct nk_ice_row {
     double *best, threshold;
 } nk_ice_row_t;
 
+/* Index of the largest of count >= 1 upper bounds. */
+NK_ICE_INLINE unsigned nk_ice_top(float const *upper, unsigned count) {
+    unsigned top = 0;
+    for (unsigned c = 1; c < count; ++c)
+        if (upper[c] > upper[top]) top = c;
+    return top;
+}
+
 /* Rescore collected candidates, the largest upper bound first, until none reaches the cut: a row
  * whose full list stopped its scan. Returns the (possibly raised) cut. */
 static float nk_ice_drain(nk_ice_row_t *row, float *list_upper, int32_t *list_doc, unsigned count, float cut) {
     while (count) {
-        unsigned top = 0;
-        for (unsigned c = 1; c < count; ++c)
-            if (list_upper[c] > list_upper[top]) top = c;
+        unsigned top = nk_ice_top(list_upper, count);
         if (!(list_upper[top] >= cut)) break;
         double cos = nk_x512_cosine(row->q, row->d, row->q_row, row->decoded, row->inv_q,
                                    row->first_doc + (uint64_t)list_doc[top], row->row_bytes);
@@ -286,9 +292,7 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
         counts[r] = nk_ice_scan(scores + r * NK_ICE_BLOCK_DOCS, &next_tile[r], tiles, cuts[r], list_upper[r],
                                 list_doc[r]);
         if (!prefetch_bytes || !counts[r]) continue;
-        unsigned top = 0;
-        for (unsigned c = 1; c < counts[r]; ++c)
-            if (list_upper[r][c] > list_upper[r][top]) top = c;
+        unsigned top = nk_ice_top(list_upper[r], counts[r]);
         char const *d_row = (char const *)d->values + (first_doc + (uint64_t)list_doc[r][top]) * row_bytes;
         for (size_t line = 0; line < prefetch_bytes; line += 64) _mm_prefetch(d_row + line, _MM_HINT_T0);
     }
@@ -326,9 +330,7 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
         unsigned which[NK_ICE_ROWS], tops[NK_ICE_ROWS], n = 0;
         for (uint64_t r = 0; r < rows; ++r) {
             if (!counts[r]) continue;
-            unsigned top = 0;
-            for (unsigned c = 1; c < counts[r]; ++c)
-                if (list_upper[r][c] > list_upper[r][top]) top = c;
+            unsigned top = nk_ice_top(list_upper[r], counts[r]);
             if (!(list_upper[r][top] >= cuts[r])) { /* nothing left in the list can win */
                 counts[r] = 0;
                 continue;
