@@ -209,67 +209,52 @@ NK_SAMX_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *cons
         if (DT > 2) _tile_zero(2);
         if (DT > 3) _tile_zero(3);
     }
+/* Both steps of document tile T (a literal) against query tiles 4 and 5. */
+#define NK_SAMX_BOTH_STEPS(T) \
+    do { \
+        _tile_loadd(6, doc[T], 64); \
+        _tile_loadd(7, doc[T] + second, 64); \
+        _tile_dpbsud(T, 4, 6); \
+        _tile_dpbsud(T, 5, 7); \
+    } while (0)
     if (stationary && steps == 2) { /* both steps of one document tile back to back: fewer stalls */
         uint64_t second = NK_SAMX_STEP_BYTES - tail_back;
-        _tile_loadd(6, doc[0], 64);
-        _tile_loadd(7, doc[0] + second, 64);
-        _tile_dpbsud(0, 4, 6);
-        _tile_dpbsud(0, 5, 7);
-        if (DT > 1) {
-            _tile_loadd(6, doc[1], 64);
-            _tile_loadd(7, doc[1] + second, 64);
-            _tile_dpbsud(1, 4, 6);
-            _tile_dpbsud(1, 5, 7);
-        }
-        if (DT > 2) {
-            _tile_loadd(6, doc[2], 64);
-            _tile_loadd(7, doc[2] + second, 64);
-            _tile_dpbsud(2, 4, 6);
-            _tile_dpbsud(2, 5, 7);
-        }
-        if (DT > 3) {
-            _tile_loadd(6, doc[3], 64);
-            _tile_loadd(7, doc[3] + second, 64);
-            _tile_dpbsud(3, 4, 6);
-            _tile_dpbsud(3, 5, 7);
-        }
+        NK_SAMX_BOTH_STEPS(0);
+        if (DT > 1) NK_SAMX_BOTH_STEPS(1);
+        if (DT > 2) NK_SAMX_BOTH_STEPS(2);
+        if (DT > 3) NK_SAMX_BOTH_STEPS(3);
         return;
     }
+#undef NK_SAMX_BOTH_STEPS
+/* One step of query tile A (a literal) against the DT document tiles at doc[t] + `at`, their
+ * loads alternating between tiles 6 and 7. */
+#define NK_SAMX_ONE_STEP(A, at) \
+    do { \
+        _tile_loadd(6, doc[0] + (at), 64); \
+        _tile_dpbsud(0, A, 6); \
+        if (DT > 1) { \
+            _tile_loadd(7, doc[1] + (at), 64); \
+            _tile_dpbsud(1, A, 7); \
+        } \
+        if (DT > 2) { \
+            _tile_loadd(6, doc[2] + (at), 64); \
+            _tile_dpbsud(2, A, 6); \
+        } \
+        if (DT > 3) { \
+            _tile_loadd(7, doc[3] + (at), 64); \
+            _tile_dpbsud(3, A, 7); \
+        } \
+    } while (0)
     for (uint64_t s = 0, a_offset = 0; s < steps; s += 2, a_offset += 2 * NK_SAMX_STEP_BYTES) {
         uint64_t offset = s + 1 == steps ? a_offset - tail_back : a_offset;
         if (!stationary) _tile_loadd(4, a_tiles + a_offset, 64);
-        _tile_loadd(6, doc[0] + offset, 64);
-        _tile_dpbsud(0, 4, 6);
-        if (DT > 1) {
-            _tile_loadd(7, doc[1] + offset, 64);
-            _tile_dpbsud(1, 4, 7);
-        }
-        if (DT > 2) {
-            _tile_loadd(6, doc[2] + offset, 64);
-            _tile_dpbsud(2, 4, 6);
-        }
-        if (DT > 3) {
-            _tile_loadd(7, doc[3] + offset, 64);
-            _tile_dpbsud(3, 4, 7);
-        }
+        NK_SAMX_ONE_STEP(4, offset);
         if (s + 1 == steps) break;
         uint64_t odd = a_offset + NK_SAMX_STEP_BYTES - (s + 2 == steps ? tail_back : 0);
         if (!stationary) _tile_loadd(5, a_tiles + a_offset + NK_SAMX_STEP_BYTES, 64);
-        _tile_loadd(6, doc[0] + odd, 64);
-        _tile_dpbsud(0, 5, 6);
-        if (DT > 1) {
-            _tile_loadd(7, doc[1] + odd, 64);
-            _tile_dpbsud(1, 5, 7);
-        }
-        if (DT > 2) {
-            _tile_loadd(6, doc[2] + odd, 64);
-            _tile_dpbsud(2, 5, 6);
-        }
-        if (DT > 3) {
-            _tile_loadd(7, doc[3] + odd, 64);
-            _tile_dpbsud(3, 5, 7);
-        }
+        NK_SAMX_ONE_STEP(5, odd);
     }
+#undef NK_SAMX_ONE_STEP
 }
 
 /* Store the DT accumulators contiguously: tile t at out + 256 t. */
