@@ -169,7 +169,8 @@ typedef struct nk_ice_row {
     double *best, threshold;
 } nk_ice_row_t;
 
-/* Index of the largest of count >= 1 upper bounds. */
+/* Index of the largest of count >= 1 upper bounds. A plain loop: these lists are short, and the
+ * branch-free search of sapphireamx.c (nk_samx_top) measured 1-4 % slower here at 32x180x128. */
 NK_ICE_INLINE unsigned nk_ice_top(float const *upper, unsigned count) {
     unsigned top = 0;
     for (unsigned c = 1; c < count; ++c)

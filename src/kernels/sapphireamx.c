@@ -580,7 +580,8 @@ static inline unsigned nk_samx_top(float const *upper, unsigned count) {
         largest = _mm512_max_ps(largest, _mm512_mask_loadu_ps(largest, nk_x512_tail_mask(count - c), upper + c));
     __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(largest));
     for (unsigned c = 0;; c += 16) {
-        __mmask16 at = _mm512_mask_cmp_ps_mask(nk_x512_tail_mask(count - c), _mm512_loadu_ps(upper + c), top, _CMP_EQ_OQ);
+        __mmask16 lanes = nk_x512_tail_mask(count - c);
+        __mmask16 at = _mm512_mask_cmp_ps_mask(lanes, _mm512_maskz_loadu_ps(lanes, upper + c), top, _CMP_EQ_OQ);
         if (at) return c + (unsigned)__builtin_ctz(at);
     }
 }
