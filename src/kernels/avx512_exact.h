@@ -291,6 +291,15 @@ static inline float nk_x512_round_down(double x) {
     return _mm_cvtss_f32(rounded);
 }
 
+/* A row's threshold (a proven lower bound on its best cosine) rises to `lower` if that is higher,
+ * and its cut on the stored bounds follows: (threshold - offset) * inv_scale, rounded down. */
+static inline void nk_x512_raise(double lower, double offset, double inv_scale, double *threshold, float *cut) {
+    if (lower > *threshold) {
+        *threshold = lower;
+        *cut = nk_x512_round_down((lower - offset) * inv_scale);
+    }
+}
+
 /* ---- Float32 cosines with a proven error bound. ----
  * Every format but float64 is exact in float32, so a float32 FMA dot product is off only by its own
  * rounding: with m = the most roundings any product goes through, |error| <= gamma_m sum |a_k b_k|

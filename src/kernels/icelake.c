@@ -187,10 +187,7 @@ static float nk_ice_drain(nk_ice_row_t *row, float *list_upper, int32_t *list_do
         double cos = nk_x512_cosine(row->q, row->d, row->q_row, row->decoded, row->inv_q,
                                    row->first_doc + (uint64_t)list_doc[top], row->row_bytes);
         if (cos > *row->best) *row->best = cos;
-        if (cos > row->threshold) { /* a better exact cosine tightens the cut for what follows */
-            row->threshold = cos;
-            cut = nk_x512_round_down((cos - row->a) * row->inv_scale_q);
-        }
+        nk_x512_raise(cos, row->a, row->inv_scale_q, &row->threshold, &cut); /* tightens what follows */
         --count;
         list_upper[top] = list_upper[count];
         list_doc[top] = list_doc[count];
@@ -348,10 +345,7 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
             double inv_d = d->inv_norms[first_doc + (uint64_t)list_doc[r][top]];
             double cos = inv_d == 0.0 ? 0.0 : dots[k] * q->inv_norms[first_query + r] * inv_d;
             if (cos > group->best[r]) group->best[r] = cos;
-            if (cos > thresholds[r]) {
-                thresholds[r] = cos;
-                cuts[r] = nk_x512_round_down((cos - group->offset[r]) * group->inv_scale[r]);
-            }
+            nk_x512_raise(cos, group->offset[r], group->inv_scale[r], &thresholds[r], &cuts[r]);
             list_upper[r][top] = list_upper[r][last];
             list_doc[r][top] = list_doc[r][last];
         }

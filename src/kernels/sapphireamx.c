@@ -328,11 +328,8 @@ static void nk_samx_raise_row(nk_samx_group_t *group, unsigned r) {
     for (unsigned c = group->counted[r]; c < group->count[r]; ++c)
         lower = group->list_lower[r][c] > lower ? group->list_lower[r][c] : lower;
     group->counted[r] = group->count[r];
-    double threshold = (double)lower * group->scale[r] - group->offset[r];
-    if (threshold > group->threshold[r]) {
-        group->threshold[r] = threshold;
-        group->cut[r] = nk_x512_round_down((threshold - group->offset[r]) * group->inv_scale[r]);
-    }
+    nk_x512_raise((double)lower * group->scale[r] - group->offset[r], group->offset[r], group->inv_scale[r],
+                  &group->threshold[r], &group->cut[r]);
 }
 
 /* Raise every row's threshold to the best lower bound of the block and derive the cuts. */
@@ -560,10 +557,7 @@ static void nk_samx_rescore(nk_samx_context_t const *context, nk_samx_group_t *g
     NK_SAMX_COUNT_RESCORE();
     double cos = nk_x512_cosine(q, context->d, q_row, decoded, q->inv_norms[i], doc, context->row_bytes);
     if (cos > group->best[r]) group->best[r] = cos;
-    if (cos > group->threshold[r]) { /* a better exact cosine tightens the cut for what follows */
-        group->threshold[r] = cos;
-        group->cut[r] = nk_x512_round_down((cos - group->offset[r]) * group->inv_scale[r]);
-    }
+    nk_x512_raise(cos, group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
 }
 
 /* Index of the largest of upper[0 .. count), count > 0, without data-dependent branches (they would
@@ -656,10 +650,7 @@ static int nk_samx_rescore_round(nk_samx_context_t const *context, nk_samx_group
         if (d->inv_norms[doc] == 0.0) { /* a zero document row: cosine 0 without a dot product */
             NK_SAMX_COUNT_RESCORE();
             if (0.0 > group->best[r]) group->best[r] = 0.0;
-            if (0.0 > group->threshold[r]) {
-                group->threshold[r] = 0.0;
-                group->cut[r] = nk_x512_round_down((0.0 - group->offset[r]) * group->inv_scale[r]);
-            }
+            nk_x512_raise(0.0, group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
             continue;
         }
         char const *row = (char const *)d->values + doc * context->row_bytes;
@@ -676,10 +667,7 @@ static int nk_samx_rescore_round(nk_samx_context_t const *context, nk_samx_group
         NK_SAMX_COUNT_RESCORE();
         double cos = dots[k] * q->inv_norms[context->first_query + r] * d->inv_norms[docs[k]];
         if (cos > group->best[r]) group->best[r] = cos;
-        if (cos > group->threshold[r]) { /* a better exact cosine tightens the cut for what follows */
-            group->threshold[r] = cos;
-            group->cut[r] = nk_x512_round_down((cos - group->offset[r]) * group->inv_scale[r]);
-        }
+        nk_x512_raise(cos, group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
     }
     return 1;
 }
@@ -701,11 +689,7 @@ static void nk_samx_raise_round(nk_samx_context_t const *context, nk_samx_group_
                                      (char const *)d->values + doc * context->row_bytes, q->depth,
                                      q->inv_norms[context->first_query + r], inv_d, &slack);
         }
-        double lower = cos - slack;
-        if (lower > group->threshold[r]) {
-            group->threshold[r] = lower;
-            group->cut[r] = nk_x512_round_down((lower - group->offset[r]) * group->inv_scale[r]);
-        }
+        nk_x512_raise(cos - slack, group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
     }
 }
 
