@@ -428,7 +428,8 @@ def _tampered(packed, offset, fmt, value):
 CORRUPTIONS = {
     "magic": lambda p: _tampered(p, 0, "8s", b"NKMAXSIN"),
     "magic-first-byte": lambda p: _tampered(p, 0, "B", memoryview(p)[0] ^ 0xFF),
-    "version": lambda p: _tampered(p, OFFSET_VERSION, "<I", 2),
+    "version": lambda p: _tampered(p, OFFSET_VERSION, "<I", 1),  # the previous format
+    "version-next": lambda p: _tampered(p, OFFSET_VERSION, "<I", 3),
     "dtype-code-other-size": lambda p: _tampered(p, OFFSET_DTYPE, "<I", 1),  # float32 -> float64
     "dtype-code-same-size": lambda p: _tampered(p, OFFSET_DTYPE, "<I", 2 if p.dtype != "float32" else 99),
     "dtype-code-unknown": lambda p: _tampered(p, OFFSET_DTYPE, "<I", 0),

@@ -199,6 +199,49 @@ static void nk_decode_span(int dtype, void const *row, uint64_t start, uint64_t 
 /* Round to nearest even for |x| < 2^51 without a libm call: adding 1.5 * 2^52 leaves no fraction bits. */
 static inline double nk_round_even(double x) { return (x + 6755399441055744.0) - 6755399441055744.0; }
 
+/* One element of a unit row quantized for the screening copy: round(u * multiplier) in [-127, 127]. */
+static inline double nk_quantize(double u, double multiplier) {
+    double q = nk_round_even(u * multiplier);
+    return q > 127.0 ? 127.0 : q < -127.0 ? -127.0 : q;
+}
+
+/* A row decoded span by span; a row of at most NK_SPAN elements is decoded once and then kept. */
+typedef struct nk_span {
+    double values[NK_SPAN];
+    int holds_row;
+} nk_span_t;
+
+/* Elements [start, start + padded) of a row (zeros past depth) into span->values; padded is a
+ * multiple of 4, at most NK_SPAN. */
+static void nk_row_span(int dtype, void const *row, uint64_t depth, uint64_t start, uint64_t padded, nk_span_t *span) {
+    uint64_t count = start >= depth ? 0 : (depth - start < padded ? depth - start : padded);
+    if (!span->holds_row) {
+        nk_decode_span(dtype, row, start, count, span->values);
+        span->holds_row = depth <= NK_SPAN;
+    }
+    for (uint64_t i = count; i < padded; ++i) span->values[i] = 0.0;
+}
+
+/* Squared norms of u - q * step over the unit row u = values * inv_norm for two steps at once,
+ * summed in 4 lanes in a fixed order (packing and verification agree bit for bit). */
+static void nk_screen_error_squares(int dtype, void const *values, uint64_t depth, double inv_norm, float const steps[2],
+                                    nk_span_t *span, double squares[2]) {
+    double errors[2][4] = {{0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}};
+    double multipliers[2] = {steps[0] > 0.0f ? 1.0 / (double)steps[0] : 0.0,
+                             steps[1] > 0.0f ? 1.0 / (double)steps[1] : 0.0};
+    for (uint64_t start = 0; start < depth; start += NK_SPAN) {
+        uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN;
+        nk_row_span(dtype, values, depth, start, (count + 3) / 4 * 4, span);
+        for (uint64_t i = 0; i < count; i += 4)
+            for (int j = 0; j < 4; ++j)
+                for (int s = 0; s < 2; ++s) {
+                    double u = span->values[i + j] * inv_norm, residual = u - nk_quantize(u, multipliers[s]) * (double)steps[s];
+                    errors[s][j] += residual * residual;
+                }
+    }
+    for (int s = 0; s < 2; ++s) squares[s] = (errors[s][0] + errors[s][1]) + (errors[s][2] + errors[s][3]);
+}
+
 /* Write `bytes` of derived data, or (verify) compare them with what is stored; 0 on mismatch. */
 static int nk_put(void *target, void const *value, size_t bytes, int verify) {
     if (verify) return memcmp(target, value, bytes) == 0;
@@ -213,42 +256,47 @@ static int nk_derive_row(nk_maxsim_header_t const *h, char *base, uint64_t row, 
     void const *values = base + h->values_offset + row * h->depth * nk_dtype_itemsize(dtype);
     /* Spans are padded with zeros to a multiple of 4 and summed in 4 lanes, to break the
      * dependency chain; the order is fixed, so packing and verification agree bit for bit. */
-    double span[NK_SPAN];
+    nk_span_t span;
+    span.holds_row = 0;
     double squares[4] = {0.0, 0.0, 0.0, 0.0}, absmax = 0.0;
     for (uint64_t start = 0; start < h->depth; start += NK_SPAN) {
         uint64_t count = h->depth - start < NK_SPAN ? h->depth - start : NK_SPAN;
-        nk_decode_span(dtype, values, start, count, span);
-        for (uint64_t i = count; i % 4; ++i) span[i] = 0.0;
+        nk_row_span(dtype, values, h->depth, start, (count + 3) / 4 * 4, &span);
         for (uint64_t i = 0; i < count; i += 4)
             for (int j = 0; j < 4; ++j) {
-                squares[j] += span[i + j] * span[i + j];
-                absmax = fabs(span[i + j]) > absmax ? fabs(span[i + j]) : absmax;
+                double x = span.values[i + j];
+                squares[j] += x * x;
+                absmax = fabs(x) > absmax ? fabs(x) : absmax;
             }
     }
     double sum_squares = (squares[0] + squares[1]) + (squares[2] + squares[3]);
     double inv_norm = sum_squares > 0.0 ? 1.0 / sqrt(sum_squares) : 0.0;
     int same = nk_put(base + h->inv_norms_offset + row * sizeof(double), &inv_norm, sizeof(double), verify);
 
-    /* int8 copy of the unit row: q = round(u * 127 / max|u|), step = max|u| / 127 as float32.
-     * Spans are multiples of 4 so each group of 4 depths is written at once. */
-    double unit_absmax = absmax * inv_norm;
-    float step = (float)(unit_absmax / 127.0);
+    /* int8 copy of the unit row u: q = round(u / step), with step = max|u| / 127 as float32 or, for
+     * the minifloats, a power of two times inv_norm when that quantizes with a smaller error: their
+     * values are multiples of a power of two that grows with their exponent, so a power-of-two step
+     * just above max|x| / 127 reproduces every value but the smallest ones exactly (all of them for
+     * e2m3). A smaller error means fewer candidates for the kernels to rescore. */
+    float steps[2] = {(float)(absmax * inv_norm / 127.0), 0.0f};
+    if (dtype >= nk_dtype_e4m3_k && absmax > 0.0) {
+        int exponent;
+        double mantissa = frexp(absmax / 127.0, &exponent); /* in [0.5, 1) */
+        steps[1] = (float)(ldexp(1.0, mantissa == 0.5 ? exponent - 1 : exponent) * inv_norm);
+    }
+    double error_squares[2];
+    nk_screen_error_squares(dtype, values, h->depth, inv_norm, steps, &span, error_squares);
+    int grid = steps[1] > 0.0f && error_squares[1] < error_squares[0];
+    float step = steps[grid];
     double multiplier = step > 0.0f ? 1.0 / (double)step : 0.0;
-    double errors[4] = {0.0, 0.0, 0.0, 0.0};
     int64_t sum = 0;
     for (uint64_t start = 0; start < h->screen_depth; start += NK_SPAN) {
         uint64_t count = h->screen_depth - start < NK_SPAN ? h->screen_depth - start : NK_SPAN;
-        uint64_t stored = start >= h->depth ? 0 : (h->depth - start < count ? h->depth - start : count);
-        nk_decode_span(dtype, values, start, stored, span);
-        for (uint64_t i = stored; i < count; ++i) span[i] = 0.0; /* depth padding is value 0 */
+        nk_row_span(dtype, values, h->depth, start, count, &span); /* depth padding is value 0 */
         for (uint64_t i = 0; i < count; i += 4) {
             uint8_t group[4];
             for (int j = 0; j < 4; ++j) {
-                double u = span[i + j] * inv_norm;
-                double q = nk_round_even(u * multiplier);
-                q = q > 127.0 ? 127.0 : q < -127.0 ? -127.0 : q;
-                double residual = u - q * (double)step;
-                errors[j] += residual * residual;
+                double q = nk_quantize(span.values[i + j] * inv_norm, multiplier);
                 sum += (int64_t)q;
                 group[j] = (uint8_t)((int)q + 128);
             }
@@ -257,8 +305,7 @@ static int nk_derive_row(nk_maxsim_header_t const *h, char *base, uint64_t row, 
         }
     }
     /* Round the error bound up: the relative margin dwarfs float64 and float32 rounding. */
-    double error_squares = (errors[0] + errors[1]) + (errors[2] + errors[3]);
-    float error = (float)(sqrt(error_squares) * (1.0 + 1e-6) + 1e-30);
+    float error = (float)(sqrt(error_squares[grid]) * (1.0 + 1e-6) + 1e-30);
     int32_t sum32 = (int32_t)sum;
     same &= nk_put(base + h->screen_scales_offset + row * sizeof(float), &step, sizeof(float), verify);
     same &= nk_put(base + h->screen_errors_offset + row * sizeof(float), &error, sizeof(float), verify);
