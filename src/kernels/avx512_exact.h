@@ -300,6 +300,35 @@ static inline void nk_x512_raise(double lower, double offset, double inv_scale, 
     }
 }
 
+/* ---- Per-row screening constants of a query group. ----
+ * Lane r describes query row first + r (r < rows <= 8); rows past the end and zero rows are dead:
+ * error 0, scale 1, growth 0, bias 0, not in `live`. */
+typedef struct nk_x512_row_constants {
+    __m512d error;     /* e_q */
+    __m512d scale;     /* s_q */
+    __m512d inv_scale; /* 1 / s_q */
+    __m512d offset;    /* a = e_q + slack */
+    __m256 growth;     /* b = (1 + e_q) / s_q */
+    __m256i bias;      /* 128 * screen_sums[q]: the documents' +128 offset times the query's sum */
+    __mmask8 live;
+} nk_x512_row_constants_t;
+
+static inline nk_x512_row_constants_t nk_x512_row_constants(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows) {
+    nk_x512_row_constants_t c;
+    __mmask8 present = rows >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << rows) - 1u);
+    __m512d one = _mm512_set1_pd(1.0), zero = _mm512_setzero_pd();
+    c.live = _mm512_mask_cmp_pd_mask(present, _mm512_maskz_loadu_pd(present, q->inv_norms + first), zero, _CMP_NEQ_UQ);
+    c.error = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(c.live, q->screen_errors + first));
+    c.scale = _mm512_mask_cvtps_pd(one, c.live, _mm256_maskz_loadu_ps(c.live, q->screen_scales + first));
+    /* never for a packed nonzero row; keeps b finite */
+    c.scale = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(c.scale, zero, _CMP_GT_OQ), _mm512_set1_pd(0x1p-126), c.scale);
+    c.inv_scale = _mm512_div_pd(one, c.scale);
+    c.offset = _mm512_add_pd(c.error, _mm512_set1_pd((double)nk_screen_slack_k));
+    c.growth = _mm256_maskz_mov_ps(c.live, _mm512_cvtpd_ps(_mm512_div_pd(_mm512_add_pd(one, c.error), c.scale)));
+    c.bias = _mm256_slli_epi32(_mm256_maskz_loadu_epi32(c.live, q->screen_sums + first), 7);
+    return c;
+}
+
 /* ---- Float32 cosines with a proven error bound. ----
  * Every format but float64 is exact in float32, so a float32 FMA dot product is off only by its own
  * rounding: with m = the most roundings any product goes through, |error| <= gamma_m sum |a_k b_k|

@@ -372,6 +372,20 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
     }
 }
 
+/* A query group's per-row constants and empty state for rows [first, first + rows). */
+static void nk_ice_group_init(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows, nk_ice_group_t *group) {
+    nk_x512_row_constants_t c = nk_x512_row_constants(q, first, rows);
+    _mm256_storeu_ps(group->growth, c.growth);
+    _mm256_storeu_si256((__m256i *)group->bias, c.bias);
+    _mm512_storeu_pd(group->scale, c.scale);
+    _mm512_storeu_pd(group->inv_scale, c.inv_scale);
+    _mm512_storeu_pd(group->error, c.error);
+    _mm512_storeu_pd(group->offset, c.offset);
+    _mm512_storeu_pd(group->best, _mm512_set1_pd(-INFINITY));
+    for (int r = 0; r < NK_ICE_ROWS; ++r) _mm512_store_ps(group->estimate[r], _mm512_set1_ps(-INFINITY));
+    group->error_max = 0.0f;
+}
+
 double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
@@ -384,21 +398,7 @@ double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
 
     for (uint64_t first_query = 0; first_query < q->vectors; first_query += NK_ICE_ROWS) {
         uint64_t rows = q->vectors - first_query < NK_ICE_ROWS ? q->vectors - first_query : NK_ICE_ROWS;
-        for (int r = 0; r < NK_ICE_ROWS; ++r) {
-            uint64_t i = first_query + (uint64_t)r;
-            int live = (uint64_t)r < rows && q->inv_norms[i] != 0.0;
-            double error_q = live ? q->screen_errors[i] : 0.0, scale_q = live ? q->screen_scales[i] : 1.0;
-            if (!(scale_q > 0.0)) scale_q = 0x1p-126; /* never for a packed nonzero row; keeps b finite */
-            group.bias[r] = live ? 128 * q->screen_sums[i] : 0;
-            group.growth[r] = live ? (float)((1.0 + error_q) / scale_q) : 0.0f;
-            group.scale[r] = scale_q;
-            group.inv_scale[r] = 1.0 / scale_q;
-            group.offset[r] = error_q + nk_screen_slack_k;
-            group.best[r] = -INFINITY;
-            group.error[r] = error_q;
-            _mm512_store_ps(group.estimate[r], _mm512_set1_ps(-INFINITY));
-        }
-        group.error_max = 0.0f;
+        nk_ice_group_init(q, first_query, rows, &group);
         /* With one depth chunk the converted query group serves every document block. */
         if (single_chunk) nk_ice_load_query_groups(q, first_query, 0, d->screen_depth / 4, query_groups);
 

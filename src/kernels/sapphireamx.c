@@ -712,21 +712,19 @@ static void nk_samx_finish_group(nk_samx_context_t const *context, nk_samx_group
 
 /* A query group's per-row constants and empty state for rows [first_query, first_query + rows). */
 static void nk_samx_group_init(nk_maxsim_view_t const *q, uint64_t first_query, uint64_t rows, nk_samx_group_t *group) {
-    for (unsigned r = 0; r < 16; ++r) {
-        uint64_t i = first_query + r;
-        int live = r < rows && q->inv_norms[i] != 0.0;
-        double error_q = live ? q->screen_errors[i] : 0.0, scale_q = live ? q->screen_scales[i] : 1.0;
-        if (!(scale_q > 0.0)) scale_q = 0x1p-126; /* never for a packed nonzero row; keeps b finite */
-        group->bias[r] = live ? -128 * q->screen_sums[i] : 0;
-        group->growth[r] = live ? (float)((1.0 + error_q) / scale_q) : 0.0f;
-        group->cut[r] = live ? -INFINITY : INFINITY;
-        group->scale[r] = scale_q;
-        group->inv_scale[r] = 1.0 / scale_q;
-        group->offset[r] = error_q + nk_screen_slack_k;
-        group->threshold[r] = -INFINITY;
-        group->best[r] = -INFINITY;
-        group->count[r] = group->counted[r] = 0;
+    for (unsigned half = 0; half < 2; ++half) {
+        uint64_t done = 8u * half, left = rows > done ? rows - done : 0;
+        nk_x512_row_constants_t c = nk_x512_row_constants(q, first_query + done, left);
+        _mm256_storeu_si256((__m256i *)(group->bias + done), _mm256_sub_epi32(_mm256_setzero_si256(), c.bias));
+        _mm256_storeu_ps(group->growth + done, c.growth);
+        _mm256_storeu_ps(group->cut + done, _mm256_mask_blend_ps(c.live, _mm256_set1_ps(INFINITY), _mm256_set1_ps(-INFINITY)));
+        _mm512_storeu_pd(group->scale + done, c.scale);
+        _mm512_storeu_pd(group->inv_scale + done, c.inv_scale);
+        _mm512_storeu_pd(group->offset + done, c.offset);
+        _mm512_storeu_pd(group->threshold + done, _mm512_set1_pd(-INFINITY));
+        _mm512_storeu_pd(group->best + done, _mm512_set1_pd(-INFINITY));
     }
+    for (unsigned r = 0; r < 16; ++r) group->count[r] = group->counted[r] = 0;
     group->list_base = 0;
 }
 
