@@ -452,6 +452,14 @@ def test_corrupt_header_out_of_band(corruption):
         _load_out_of_band(data)
 
 
+@pytest.mark.parametrize("version", [1, 3, 0xFFFFFFFF])
+def test_other_format_version_says_so(version):
+    data = _tampered(_packed(), OFFSET_VERSION, "<I", version)
+    with pytest.raises(ValueError, match=rf"corrupt packed matrix: it is in format version {version}, this numkong "
+                                         r"reads version 2; pack the source arrays again"):
+        _load_out_of_band(data)
+
+
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
 @pytest.mark.parametrize("corruption", ["magic", "dtype-code-same-size", "vectors-plus-one", "depth", "version"])
 def test_corrupt_header_in_band(corruption, protocol):

@@ -32,7 +32,6 @@
 #include "numkong/maxsim.h"
 
 #define NK_MAXSIM_MAGIC "NKMAXSIM"
-#define NK_MAXSIM_VERSION 2u /* 2: minifloat screening steps may be powers of two (pack.c) */
 #define NK_HEADER_BYTES 128u
 #define NK_SECTION_ALIGN 64u
 #define NK_SCREEN_TILE 16u

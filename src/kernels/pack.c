@@ -40,7 +40,7 @@ static nk_status_t nk_layout(uint64_t vectors, uint64_t depth, int dtype, nk_max
     if (!itemsize) return nk_error_argument_k;
     memset(h, 0, sizeof(*h));
     memcpy(h->magic, NK_MAXSIM_MAGIC, 8);
-    h->version = NK_MAXSIM_VERSION;
+    h->version = NK_MAXSIM_FORMAT_VERSION;
     h->dtype = (uint32_t)dtype;
     h->vectors = vectors;
     h->depth = depth;
@@ -417,7 +417,7 @@ static nk_status_t nk_check(void const *buf, uint64_t nbytes, nk_maxsim_header_t
     if (nbytes < NK_HEADER_BYTES) return nk_error_corrupt_k;
     nk_maxsim_header_t expected;
     memcpy(header, buf, sizeof(*header));
-    if (memcmp(header->magic, NK_MAXSIM_MAGIC, 8) != 0 || header->version != NK_MAXSIM_VERSION) return nk_error_corrupt_k;
+    if (memcmp(header->magic, NK_MAXSIM_MAGIC, 8) != 0 || header->version != NK_MAXSIM_FORMAT_VERSION) return nk_error_corrupt_k;
     if (nk_layout(header->vectors, header->depth, (int)header->dtype, &expected) != nk_ok_k) return nk_error_corrupt_k;
     expected.capabilities = header->capabilities;
     if (memcmp(header, &expected, sizeof(expected)) != 0 || expected.nbytes != nbytes) return nk_error_corrupt_k;

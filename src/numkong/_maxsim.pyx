@@ -10,7 +10,10 @@ import numpy as np
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
+
+cdef extern from "numkong/maxsim.h":
+    uint32_t NK_MAXSIM_FORMAT_VERSION
 
 
 cdef extern from *:
@@ -372,7 +375,12 @@ def _load_packed(data):
         PyBuffer_Release(&view)
     with nogil:
         status = nk_maxsim_load(packed.data, packed.nbytes, &info)
+    cdef uint32_t version
     if status != nk_ok_k:
+        memcpy(&version, <char *>packed.data + 8, 4)
+        if memcmp(packed.data, b"NKMAXSIM", 8) == 0 and version != NK_MAXSIM_FORMAT_VERSION:
+            raise ValueError(f"corrupt packed matrix: it is in format version {version}, this numkong reads version "
+                             f"{NK_MAXSIM_FORMAT_VERSION}; pack the source arrays again")
         raise ValueError("corrupt packed matrix: header, sizes or stored values are invalid or truncated")
     _adopt_header(packed)
     return packed

@@ -21,6 +21,10 @@
 extern "C" {
 #endif
 
+/* Version of the packed byte format, stored in every header (a native-endian uint32 at byte 8):
+ * bytes of another version do not load. 2: minifloat rows may have power-of-two screening steps. */
+#define NK_MAXSIM_FORMAT_VERSION 2u
+
 /* Packing dtypes. The numeric codes are stored in packed buffers: never renumber. */
 typedef enum nk_dtype {
     nk_dtype_float64_k = 1,
