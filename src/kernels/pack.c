@@ -222,19 +222,21 @@ static void nk_row_span(int dtype, void const *row, uint64_t depth, uint64_t sta
     for (uint64_t i = count; i < padded; ++i) span->values[i] = 0.0;
 }
 
-/* Squared norms of u - q * step over the unit row u = values * inv_norm for two steps at once,
- * summed in 4 lanes in a fixed order (packing and verification agree bit for bit). */
+/* Squared norms of u - q * step over the unit row u = values * inv_norm for each step, both in one
+ * pass (steps[1] == 0: only the first), summed in 4 lanes in a fixed order (packing and
+ * verification agree bit for bit). */
 static void nk_screen_error_squares(int dtype, void const *values, uint64_t depth, double inv_norm, float const steps[2],
                                     nk_span_t *span, double squares[2]) {
     double errors[2][4] = {{0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}};
     double multipliers[2] = {steps[0] > 0.0f ? 1.0 / (double)steps[0] : 0.0,
                              steps[1] > 0.0f ? 1.0 / (double)steps[1] : 0.0};
+    int count_steps = steps[1] > 0.0f ? 2 : 1;
     for (uint64_t start = 0; start < depth; start += NK_SPAN) {
         uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN;
         nk_row_span(dtype, values, depth, start, (count + 3) / 4 * 4, span);
         for (uint64_t i = 0; i < count; i += 4)
             for (int j = 0; j < 4; ++j)
-                for (int s = 0; s < 2; ++s) {
+                for (int s = 0; s < count_steps; ++s) {
                     double u = span->values[i + j] * inv_norm, residual = u - nk_quantize(u, multipliers[s]) * (double)steps[s];
                     errors[s][j] += residual * residual;
                 }
