@@ -291,6 +291,15 @@ static inline float nk_x512_round_down(double x) {
     return _mm_cvtss_f32(rounded);
 }
 
+#define NK_X512_PREFETCH_BYTES 1024u /* leading bytes of a candidate row fetched ahead of its rescoring */
+
+/* Ask for the leading bytes of a stored row that is about to be rescored: in a corpus (`cold`
+ * documents) rows stream from memory, and for cached documents this would only cost time. */
+NK_X512_INLINE void nk_x512_prefetch_row(void const *row, size_t row_bytes) {
+    size_t bytes = row_bytes < NK_X512_PREFETCH_BYTES ? row_bytes : NK_X512_PREFETCH_BYTES;
+    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((char const *)row + line, _MM_HINT_T0);
+}
+
 /* A row's threshold (a proven lower bound on its best cosine) rises to `lower` if that is higher,
  * and its cut on the stored bounds follows: (threshold - offset) * inv_scale, rounded down. */
 static inline void nk_x512_raise(double lower, double offset, double inv_scale, double *threshold, float *cut) {

@@ -21,7 +21,6 @@
 #define NK_ICE_CHUNK_GROUPS 256u   /* 4-byte depth groups per pass over the query buffer (depth 1024) */
 #define NK_ICE_LIST 128u           /* candidates collected per row before rescoring them best-first */
 #define NK_ICE_DECODED_DEPTH 1024u /* deepest query row decoded to float64 on the stack (8 KB) */
-#define NK_ICE_PREFETCH_BYTES 1024u /* leading bytes of each candidate row prefetched before rescoring */
 
 #define NK_ICE_INLINE static inline __attribute__((always_inline))
 
@@ -282,17 +281,15 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
     int32_t list_doc[NK_ICE_ROWS][NK_ICE_LIST];
     unsigned counts[NK_ICE_ROWS];
     uint64_t next_tile[NK_ICE_ROWS];
-    size_t prefetch_bytes = !d->cold ? 0 : row_bytes < NK_ICE_PREFETCH_BYTES ? row_bytes : NK_ICE_PREFETCH_BYTES;
     for (uint64_t r = 0; r < rows; ++r) {
         counts[r] = 0, next_tile[r] = tiles;
         if (q->inv_norms[first_query + r] == 0.0) continue;
         next_tile[r] = 0;
         counts[r] = nk_ice_scan(scores + r * NK_ICE_BLOCK_DOCS, &next_tile[r], tiles, cuts[r], list_upper[r],
                                 list_doc[r]);
-        if (!prefetch_bytes || !counts[r]) continue;
+        if (!d->cold || !counts[r]) continue;
         unsigned top = nk_ice_top(list_upper[r], counts[r]);
-        char const *d_row = (char const *)d->values + (first_doc + (uint64_t)list_doc[r][top]) * row_bytes;
-        for (size_t line = 0; line < prefetch_bytes; line += 64) _mm_prefetch(d_row + line, _MM_HINT_T0);
+        nk_x512_prefetch_row((char const *)d->values + (first_doc + (uint64_t)list_doc[r][top]) * row_bytes, row_bytes);
     }
     /* Rescore in rounds. A row with an exact cosine first checks every candidate that still
      * reaches its cut in float32 (a fraction of the float64 cost): one provably below that cosine

@@ -28,7 +28,6 @@
 #define NK_SAMX_STEP_BYTES 1024u  /* one 16 x 64-byte tile */
 #define NK_SAMX_LIST 48u          /* candidates kept per row until the end (at least 16) */
 #define NK_SAMX_DECODED_DEPTH 1024u
-#define NK_SAMX_PREFETCH_BYTES 1024u /* leading bytes of each candidate row prefetched when collected */
 
 #define NK_SAMX_INLINE static inline __attribute__((always_inline))
 
@@ -313,12 +312,10 @@ static void nk_samx_append(nk_samx_context_t const *context, nk_samx_group_t *gr
     /* Candidates are rescored after the whole matrix is screened: in a corpus, which streams from
      * memory, their rows arrive in the meantime (for cached documents this only costs time). */
     if (!context->d->cold) return;
-    size_t bytes = context->row_bytes < NK_SAMX_PREFETCH_BYTES ? context->row_bytes : NK_SAMX_PREFETCH_BYTES;
-    for (unsigned lanes = hit; lanes; lanes &= lanes - 1) {
-        char const *row = (char const *)context->d->values +
-                          (group->list_base + base + (unsigned)__builtin_ctz(lanes)) * context->row_bytes;
-        for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(row + line, _MM_HINT_T0);
-    }
+    for (unsigned lanes = hit; lanes; lanes &= lanes - 1)
+        nk_x512_prefetch_row((char const *)context->d->values +
+                                 (group->list_base + base + (unsigned)__builtin_ctz(lanes)) * context->row_bytes,
+                             context->row_bytes);
 }
 
 /* Raise row r's threshold with the lower bounds of its newest candidates, s_q l - a. */
