@@ -1,9 +1,10 @@
 /* Ice Lake family: AVX-512 F/CD/BW/DQ/VL + VNNI.
  *
  * Certified screening: an int8 VNNI GEMM estimates every cosine from the packed screening copy,
- * the proven error bound of maxsim_internal.h turns each estimate into [LB, UB], and only the
- * documents whose UB reaches the best LB (or the best exact cosine so far) are rescored exactly
- * in float64. The result is therefore the exact MaxSim, at int8 GEMM speed.
+ * the proven error bound of maxsim_internal.h turns each estimate into an upper bound UB, each
+ * query row's largest UB is rescored exactly in float64 first, and then only the documents whose
+ * UB reaches the best exact cosine so far are. The result is therefore the exact MaxSim, at int8
+ * GEMM speed.
  *
  * Work is done per group of 8 query rows against blocks of up to 1024 document rows. The stack
  * holds a 32 KB buffer of bounds, an 8 KB signed copy of the query group's screening bytes, an
@@ -11,6 +12,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "avx512_exact.h"
 #include "maxsim_internal.h"
@@ -35,31 +37,39 @@
  * remain: with p_j = dot_j * s_d[j] (the estimate is s_q p_j), b = (1 + e_q) / s_q and
  * a = e_q + slack,
  *   UB_j = s_q (p_j + b e_j) + a,   LB_j = s_q (p_j - b e_j) - a.
- * The micro-kernel's epilogue stores p_j + b e_j and keeps a per-lane maximum of p_j, from which
- * nk_ice_thresholds derives a best lower bound. */
+ * The micro-kernel's epilogue stores p_j + b e_j and keeps, per lane, the largest of them tagged
+ * with its tile (nk_ice_tag): the document that is rescored first. */
 
 /* Per query group: the constants of each row and what the screening has seen so far. */
 typedef struct nk_ice_group {
-    float estimate[NK_ICE_ROWS][16]; /* max over documents seen so far of p, per lane */
-    float error_max;                 /* max e over documents seen so far */
+    float top[NK_ICE_ROWS][16];      /* per lane, the block's largest p + b e, tagged by nk_ice_tag */
     int32_t bias[NK_ICE_ROWS];       /* 128 * screen_sums[q]: the unsigned-operand offset */
     float growth[NK_ICE_ROWS];       /* b = (1 + e_q) / s_q */
-    double scale[NK_ICE_ROWS];       /* s_q */
     double inv_scale[NK_ICE_ROWS];   /* 1 / s_q */
-    double error[NK_ICE_ROWS];       /* e_q */
     double offset[NK_ICE_ROWS];      /* a = e_q + slack */
     double best[NK_ICE_ROWS];        /* best exact cosine so far */
 } nk_ice_group_t;
 
+/* The low 6 mantissa bits of an upper bound replaced by its tile within the block (1024 / 16 = 64
+ * tiles): the maximum of tagged bounds names a document whose bound is within 2^-17 (relative) of
+ * the largest, the natural one to rescore first. Tags only choose that order; cuts compare the
+ * stored, untagged bounds. */
+#define NK_ICE_TAG_BITS 0x3F
+NK_ICE_INLINE __m512 nk_ice_tag(__m512 upper, __m512i tile) {
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(upper),
+                                                         _mm512_set1_epi32(~NK_ICE_TAG_BITS), tile, 0xEA));
+}
+
 /* Documents of `tiles` adjacent 16-row tiles (tiles `tile_stride` bytes apart, depth groups
- * `vector_stride` bytes apart, `lanes` the rows present in each tile) against the 8 query rows,
- * over `groups` depth groups. Partial sums live in scores[r * NK_ICE_BLOCK_DOCS + 16 t + lane]
- * between depth chunks (`accumulate`); on the last chunk (`finish`) the epilogue turns them into
- * upper bounds (-inf at absent lanes) and raises group->estimate. */
+ * `vector_stride` bytes apart, `lanes` the rows present in each tile; the first is tile
+ * `first_tile` of the block) against the 8 query rows, over `groups` depth groups. Partial sums live
+ * in scores[r * NK_ICE_BLOCK_DOCS + 16 t + lane] between depth chunks (`accumulate`); on the last
+ * chunk (`finish`) the epilogue turns them into upper bounds (-inf at absent lanes) and raises
+ * group->top. */
 NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t groups, uint8_t const *doc,
                                        uint64_t tile_stride, uint64_t vector_stride, __mmask16 lanes, int const tiles,
                                        int accumulate, int finish, float *scores, nk_ice_group_t *group,
-                                       float const *scales_d, float const *errors_d) {
+                                       float const *scales_d, float const *errors_d, unsigned first_tile) {
     __m512i acc[NK_ICE_ROWS][NK_ICE_TILES];
 #pragma GCC unroll 8
     for (int r = 0; r < NK_ICE_ROWS; ++r)
@@ -90,18 +100,18 @@ NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t gro
 #pragma GCC unroll 8
     for (int r = 0; r < NK_ICE_ROWS; ++r) {
         __m512 growth = _mm512_set1_ps(group->growth[r]);
-        __m512 estimate_max = _mm512_load_ps(group->estimate[r]);
+        __m512 top = _mm512_load_ps(group->top[r]);
 #pragma GCC unroll 4
         for (int t = 0; t < tiles; ++t) {
             __m512 estimate = _mm512_cvtepi32_ps(acc[r][t]);
             __m512 p = _mm512_mul_ps(estimate, _mm512_maskz_loadu_ps(lanes, scales_d + 16 * t));
             __m512 error_d = _mm512_maskz_loadu_ps(lanes, errors_d + 16 * t);
             __m512 upper = _mm512_fmadd_ps(growth, error_d, p);
-            estimate_max = _mm512_mask_max_ps(estimate_max, lanes, estimate_max, p);
+            top = _mm512_mask_max_ps(top, lanes, top, nk_ice_tag(upper, _mm512_set1_epi32((int)first_tile + t)));
             upper = _mm512_mask_mov_ps(minus_infinity, lanes, upper);
             _mm512_store_ps(scores + (unsigned)r * NK_ICE_BLOCK_DOCS + 16u * (unsigned)t, upper);
         }
-        _mm512_store_ps(group->estimate[r], estimate_max);
+        _mm512_store_ps(group->top[r], top);
     }
 }
 
@@ -122,7 +132,7 @@ static void nk_ice_load_query_groups(nk_maxsim_view_t const *q, uint64_t first, 
 }
 
 /* Screen documents [first_doc, first_doc + docs) against one query group over the whole depth,
- * leaving upper bounds in `scores` and raising group->estimate and group->error_max. */
+ * leaving upper bounds in `scores` and the block's tagged largest ones in group->top. */
 static void nk_ice_screen_block(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first_query,
                                 uint64_t first_doc, uint64_t docs, int32_t *query_groups, int query_groups_ready,
                                 float *scores, nk_ice_group_t *group) {
@@ -130,10 +140,7 @@ static void nk_ice_screen_block(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
     uint64_t full_tiles = docs / NK_SCREEN_TILE, partial_rows = docs % NK_SCREEN_TILE;
     uint8_t const *block = d->screen + first_doc * d->screen_depth; /* first_doc is a multiple of 16 */
     float const *scales_d = d->screen_scales + first_doc, *errors_d = d->screen_errors + first_doc;
-    __m512 error_max = _mm512_set1_ps(group->error_max);
-    for (uint64_t t = 0; t < docs; t += 16)
-        error_max = _mm512_max_ps(error_max, _mm512_maskz_loadu_ps(nk_x512_tail_mask(docs - t), errors_d + t));
-    group->error_max = _mm512_reduce_max_ps(error_max);
+    for (int r = 0; r < NK_ICE_ROWS; ++r) _mm512_store_ps(group->top[r], _mm512_set1_ps(-INFINITY));
     for (uint64_t g0 = 0; g0 < total_groups; g0 += NK_ICE_CHUNK_GROUPS) {
         uint64_t groups = total_groups - g0 < NK_ICE_CHUNK_GROUPS ? total_groups - g0 : NK_ICE_CHUNK_GROUPS;
         int accumulate = g0 != 0, finish = g0 + groups == total_groups;
@@ -142,18 +149,20 @@ static void nk_ice_screen_block(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
         for (; t + NK_ICE_TILES <= full_tiles; t += NK_ICE_TILES)
             nk_ice_screen_tiles(query_groups, groups, block + t * tile_stride + g0 * 64, tile_stride, 64, 0xFFFF,
                                 NK_ICE_TILES, accumulate, finish, scores + t * 16, group, scales_d + t * 16,
-                                errors_d + t * 16);
+                                errors_d + t * 16, (unsigned)t);
         if (full_tiles - t == 2)
             nk_ice_screen_tiles(query_groups, groups, block + t * tile_stride + g0 * 64, tile_stride, 64, 0xFFFF, 2,
-                                accumulate, finish, scores + t * 16, group, scales_d + t * 16, errors_d + t * 16);
+                                accumulate, finish, scores + t * 16, group, scales_d + t * 16, errors_d + t * 16,
+                                (unsigned)t);
         else if (full_tiles - t == 1)
             nk_ice_screen_tiles(query_groups, groups, block + t * tile_stride + g0 * 64, tile_stride, 64, 0xFFFF, 1,
-                                accumulate, finish, scores + t * 16, group, scales_d + t * 16, errors_d + t * 16);
+                                accumulate, finish, scores + t * 16, group, scales_d + t * 16, errors_d + t * 16,
+                                (unsigned)t);
         if (partial_rows) /* the last tile of the whole matrix: rows packed 4 * partial_rows apart */
             nk_ice_screen_tiles(query_groups, groups, block + full_tiles * tile_stride + g0 * 4 * partial_rows, 0,
                                 4 * partial_rows, (__mmask16)((1u << partial_rows) - 1u), 1, accumulate, finish,
                                 scores + full_tiles * 16, group, scales_d + full_tiles * 16,
-                                errors_d + full_tiles * 16);
+                                errors_d + full_tiles * 16, (unsigned)full_tiles);
     }
 }
 
@@ -244,39 +253,51 @@ static unsigned nk_ice_scan(float const *row_scores, uint64_t *tile, uint64_t ti
     return count;
 }
 
-/* Starting thresholds of the 8 rows after a block: max(best lower bound, best exact cosine), and
- * the cut it means on the stored p + b e, (threshold - a) / s_q rounded down so it only admits.
- * The document with the largest estimate p has LB = s_q p - a - (1 + e_q) e >= s_q p - a -
- * (1 + e_q) max e, a valid (slightly loose) best lower bound that costs the epilogue one max. */
-static void nk_ice_thresholds(nk_ice_group_t const *group, double *thresholds, float *cuts) {
-    double estimate[NK_ICE_ROWS];
-    for (int r = 0; r < NK_ICE_ROWS; ++r)
-        estimate[r] = (double)_mm512_reduce_max_ps(_mm512_load_ps(group->estimate[r]));
-    __m512d offset = _mm512_loadu_pd(group->offset);
-    __m512d error_term = _mm512_mul_pd(_mm512_add_pd(_mm512_set1_pd(1.0), _mm512_loadu_pd(group->error)),
-                                       _mm512_set1_pd((double)group->error_max));
-    __m512d estimate_term = _mm512_fmsub_pd(_mm512_loadu_pd(estimate), _mm512_loadu_pd(group->scale), offset);
-    __m512d from_bounds = _mm512_sub_pd(estimate_term, error_term);
-    __m512d threshold = _mm512_max_pd(from_bounds, _mm512_loadu_pd(group->best));
-    _mm512_storeu_pd(thresholds, threshold);
-    __m512d cut = _mm512_mul_pd(_mm512_sub_pd(threshold, offset), _mm512_loadu_pd(group->inv_scale));
-    _mm256_storeu_ps(cuts, _mm512_cvt_roundpd_ps(cut, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
-}
-
-/* Every document of one screened block whose upper bound reaches max(best lower bound, best exact
- * cosine) is rescored exactly, raising group->best. */
+/* Every document of one screened block whose upper bound reaches the best exact cosine is rescored
+ * exactly, raising group->best. */
 static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, nk_ice_group_t *group,
                               uint64_t first_query, uint64_t rows, uint64_t first_doc, uint64_t docs,
-                              float const *scores, double *decoded_query) {
+                              float *scores, double *decoded_query) {
     size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
     uint64_t tiles = (docs + NK_SCREEN_TILE - 1) / NK_SCREEN_TILE;
     double thresholds[NK_ICE_ROWS];
     float cuts[NK_ICE_ROWS];
-    nk_ice_thresholds(group, thresholds, cuts);
-    /* Two passes: collect every row's candidates and, in a corpus (which does not fit in cache),
-     * prefetch the stored row of each one's largest upper bound, which the first round rescores
-     * for certain, so the misses of a whole group overlap; then rescore. (Prefetching every
-     * candidate fetches rows the float32 checks mostly never read.) */
+    /* First every row's tagged largest bound is rescored, one independent float64 dot product per
+     * row, so that the scan below starts from an exact cosine (usually the winner): only documents
+     * within the error bound of it are collected, rarely any. */
+    void const *q_rows[NK_ICE_ROWS], *d_rows[NK_ICE_ROWS];
+    unsigned which[NK_ICE_ROWS], n = 0;
+    int32_t first_docs[NK_ICE_ROWS];
+    for (uint64_t r = 0; r < rows; ++r) {
+        thresholds[r] = -INFINITY, cuts[r] = -INFINITY;
+        nk_x512_raise(group->best[r], group->offset[r], group->inv_scale[r], &thresholds[r], &cuts[r]);
+        if (q->inv_norms[first_query + r] == 0.0) continue;
+        __m512 top = _mm512_load_ps(group->top[r]);
+        float largest = _mm512_reduce_max_ps(top);
+        int32_t bits;
+        memcpy(&bits, &largest, sizeof bits);
+        unsigned lane = (unsigned)__builtin_ctz((unsigned)_mm512_cmp_ps_mask(top, _mm512_set1_ps(largest), _CMP_EQ_OQ));
+        int32_t doc = (int32_t)(16u * (unsigned)(bits & NK_ICE_TAG_BITS) + lane);
+        float *upper = scores + r * NK_ICE_BLOCK_DOCS + doc;
+        if (!(*upper >= cuts[r])) continue; /* (also when the block holds no live bound) */
+        *upper = -INFINITY;                 /* rescored here, so never collected below */
+        q_rows[n] = (char const *)q->values + (first_query + r) * row_bytes;
+        d_rows[n] = (char const *)d->values + (first_doc + (uint64_t)doc) * row_bytes;
+        if (d->cold) nk_x512_prefetch_row(d_rows[n], row_bytes);
+        first_docs[n] = doc, which[n++] = (unsigned)r;
+    }
+    double dots[NK_ICE_ROWS];
+    nk_x512_dot_batch((int)q->dtype, q_rows, d_rows, n, q->depth, dots);
+    for (unsigned k = 0; k < n; ++k) {
+        unsigned r = which[k];
+        double inv_d = d->inv_norms[first_doc + (uint64_t)first_docs[k]];
+        double cos = inv_d == 0.0 ? 0.0 : dots[k] * q->inv_norms[first_query + r] * inv_d;
+        if (cos > group->best[r]) group->best[r] = cos;
+        nk_x512_raise(cos, group->offset[r], group->inv_scale[r], &thresholds[r], &cuts[r]);
+    }
+    /* Then collect every row's candidates and, in a corpus (which does not fit in cache), prefetch
+     * the stored row of each one's largest upper bound, so the misses of a whole group overlap.
+     * (Prefetching every candidate fetches rows the float32 checks mostly never read.) */
     float list_upper[NK_ICE_ROWS][NK_ICE_LIST];
     int32_t list_doc[NK_ICE_ROWS][NK_ICE_LIST];
     unsigned counts[NK_ICE_ROWS];
@@ -321,8 +342,8 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
                 ++c;
             }
         }
-        void const *q_rows[NK_ICE_ROWS], *d_rows[NK_ICE_ROWS];
-        unsigned which[NK_ICE_ROWS], tops[NK_ICE_ROWS], n = 0;
+        unsigned tops[NK_ICE_ROWS];
+        n = 0;
         for (uint64_t r = 0; r < rows; ++r) {
             if (!counts[r]) continue;
             unsigned top = nk_ice_top(list_upper[r], counts[r]);
@@ -335,7 +356,6 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
             tops[n] = top, which[n++] = (unsigned)r;
         }
         if (!n) break;
-        double dots[NK_ICE_ROWS];
         nk_x512_dot_batch((int)q->dtype, q_rows, d_rows, n, q->depth, dots);
         for (unsigned k = 0; k < n; ++k) {
             unsigned r = which[k], top = tops[k], last = --counts[r];
@@ -374,13 +394,9 @@ static void nk_ice_group_init(nk_maxsim_view_t const *q, uint64_t first, uint64_
     nk_x512_row_constants_t c = nk_x512_row_constants(q, first, rows);
     _mm256_storeu_ps(group->growth, c.growth);
     _mm256_storeu_si256((__m256i *)group->bias, c.bias);
-    _mm512_storeu_pd(group->scale, c.scale);
     _mm512_storeu_pd(group->inv_scale, c.inv_scale);
-    _mm512_storeu_pd(group->error, c.error);
     _mm512_storeu_pd(group->offset, c.offset);
     _mm512_storeu_pd(group->best, _mm512_set1_pd(-INFINITY));
-    for (int r = 0; r < NK_ICE_ROWS; ++r) _mm512_store_ps(group->estimate[r], _mm512_set1_ps(-INFINITY));
-    group->error_max = 0.0f;
 }
 
 double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
