@@ -115,6 +115,73 @@ NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t gro
     }
 }
 
+/* The matrix's last tile when it holds m <= 4 rows (stored 4 m bytes per depth group). Lanes pair
+ * query row r with document row i as lane 8 (i % 2) + r of vector i / 2, so one (m <= 2) or two
+ * multiply-accumulates per depth group replace the 8 of nk_ice_screen_tiles, whose lanes would be
+ * mostly empty. Partial sums live in the first two rows of the tile's scores between depth chunks;
+ * the epilogue writes every row's 16 lanes (-inf past m) and raises group->top as there. */
+static __attribute__((noinline)) void nk_ice_screen_partial(int32_t const *query_groups, uint64_t groups,
+                                                            uint8_t const *doc, unsigned m, int vectors, int accumulate,
+                                                            int finish, float *scores, nk_ice_group_t *group,
+                                                            float const *scales_d, float const *errors_d, unsigned tile) {
+    __mmask8 present = (__mmask8)((1u << m) - 1u);
+    __m512i pair_low = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m512i pair_high = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    /* Four partial sums per vector, over alternating depth groups: one chain of dependent
+     * multiply-accumulates would take their latency, not their throughput, per group. */
+    __m512i part[2][4], acc[2];
+    __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                     _mm512_broadcast_i32x8(_mm256_loadu_si256((__m256i const *)group->bias)));
+    for (int v = 0; v < 2; ++v) {
+        part[v][0] = accumulate ? _mm512_load_si512(scores + (unsigned)v * NK_ICE_BLOCK_DOCS) : start;
+        part[v][1] = part[v][2] = part[v][3] = _mm512_setzero_si512();
+    }
+    uint64_t g = 0;
+    for (; g + 4 <= groups; g += 4, doc += 16u * m, query_groups += 4 * NK_ICE_ROWS)
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+            __m512i words = _mm512_castsi128_si512(_mm_maskz_loadu_epi32(present, doc + 4u * m * (unsigned)k));
+            __m512i query =
+                _mm512_broadcast_i32x8(_mm256_load_si256((__m256i const *)(query_groups + k * NK_ICE_ROWS)));
+            part[0][k] = _mm512_dpbusd_epi32(part[0][k], _mm512_permutexvar_epi32(pair_low, words), query);
+            if (vectors == 2)
+                part[1][k] = _mm512_dpbusd_epi32(part[1][k], _mm512_permutexvar_epi32(pair_high, words), query);
+        }
+    for (; g < groups; ++g, doc += 4u * m, query_groups += NK_ICE_ROWS) {
+        __m512i words = _mm512_castsi128_si512(_mm_maskz_loadu_epi32(present, doc));
+        __m512i query = _mm512_broadcast_i32x8(_mm256_load_si256((__m256i const *)query_groups));
+        part[0][0] = _mm512_dpbusd_epi32(part[0][0], _mm512_permutexvar_epi32(pair_low, words), query);
+        if (vectors == 2)
+            part[1][0] = _mm512_dpbusd_epi32(part[1][0], _mm512_permutexvar_epi32(pair_high, words), query);
+    }
+    for (int v = 0; v < 2; ++v)
+        acc[v] = _mm512_add_epi32(_mm512_add_epi32(part[v][0], part[v][1]), _mm512_add_epi32(part[v][2], part[v][3]));
+    if (!finish) {
+        for (int v = 0; v < 2; ++v) _mm512_store_si512(scores + (unsigned)v * NK_ICE_BLOCK_DOCS, acc[v]);
+        return;
+    }
+    __m512 scales = _mm512_castps128_ps512(_mm_maskz_loadu_ps(present, scales_d));
+    __m512 errors = _mm512_castps128_ps512(_mm_maskz_loadu_ps(present, errors_d));
+    __m512 growth = _mm512_broadcast_f32x8(_mm256_loadu_ps(group->growth));
+    __m512 upper[2];
+    upper[1] = _mm512_set1_ps(-INFINITY);
+    for (int v = 0; v < vectors; ++v) {
+        __m512i pair = v ? pair_high : pair_low;
+        __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[v]), _mm512_permutexvar_ps(pair, scales));
+        upper[v] = _mm512_fmadd_ps(growth, _mm512_permutexvar_ps(pair, errors), p);
+    }
+    __m512i tag = _mm512_set1_epi32((int)tile);
+#pragma GCC unroll 8
+    for (int r = 0; r < NK_ICE_ROWS; ++r) { /* row r: lanes r, 8 + r of both vectors */
+        __m512i gather = _mm512_setr_epi32(r, 8 + r, 16 + r, 24 + r, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        __m512 row = _mm512_mask_permutex2var_ps(upper[0], (__mmask16)present, gather, upper[1]);
+        row = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), (__mmask16)present, row);
+        _mm512_store_ps(scores + (unsigned)r * NK_ICE_BLOCK_DOCS, row);
+        __m512 top = _mm512_load_ps(group->top[r]);
+        _mm512_store_ps(group->top[r], _mm512_mask_max_ps(top, (__mmask16)present, top, nk_ice_tag(row, tag)));
+    }
+}
+
 /* Signed screening words of query rows [first, first + 8) for depth groups [g0, g0 + groups).
  * first is a multiple of 8, so the 8 rows are 8 adjacent lanes of one query tile: one 32-byte
  * (masked) load per depth group. Rows past the end are zero and so contribute nothing. */
@@ -158,7 +225,12 @@ static void nk_ice_screen_block(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
             nk_ice_screen_tiles(query_groups, groups, block + t * tile_stride + g0 * 64, tile_stride, 64, 0xFFFF, 1,
                                 accumulate, finish, scores + t * 16, group, scales_d + t * 16, errors_d + t * 16,
                                 (unsigned)t);
-        if (partial_rows) /* the last tile of the whole matrix: rows packed 4 * partial_rows apart */
+        if (partial_rows && partial_rows <= 4)
+            nk_ice_screen_partial(query_groups, groups, block + full_tiles * tile_stride + g0 * 4 * partial_rows,
+                                  (unsigned)partial_rows, partial_rows <= 2 ? 1 : 2, accumulate, finish,
+                                  scores + full_tiles * 16, group, scales_d + full_tiles * 16,
+                                  errors_d + full_tiles * 16, (unsigned)full_tiles);
+        else if (partial_rows) /* the last tile of the whole matrix: rows packed 4 * partial_rows apart */
             nk_ice_screen_tiles(query_groups, groups, block + full_tiles * tile_stride + g0 * 4 * partial_rows, 0,
                                 4 * partial_rows, (__mmask16)((1u << partial_rows) - 1u), 1, accumulate, finish,
                                 scores + full_tiles * 16, group, scales_d + full_tiles * 16,

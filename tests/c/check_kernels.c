@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
      * many query rows, depths that chunk the screening, and one depth beyond int8 screening. */
     static uint64_t const extra[][3] = {{64, 3, 1100}, {64, 70, 600}, {129, 130, 33}, {4100, 3, 40}, {65536, 2, 17}, {65537, 2, 5},
                                          {64, 1, 2000}, {33, 16, 23}, {33, 16, 40}, {1, 28, 28}, {1, 31, 33},
-                                         {64, 33, 1100}, {128, 17, 513}};
+                                         {64, 33, 1100}, {128, 17, 513}, {1100, 9, 20}, {2049, 3, 34}};
     /* Quick mode: odd and round depths, partial tiles, and extras that cross document blocks,
      * query groups and depth chunks. */
     static uint64_t const quick_depths[] = {1, 3, 17, 129};
