@@ -1,9 +1,9 @@
 /* Sapphire Rapids AMX family: AMX-INT8 tiles for the screening, AVX-512 for everything else.
  *
  * Certified screening as in the other families: an int8 GEMM estimates every cosine from the packed
- * screening copy, the error bound of maxsim_internal.h turns each estimate into [LB, UB], and only the
- * documents whose UB reaches the best LB (or the best exact cosine so far) are rescored exactly in
- * float64. The result is the exact MaxSim.
+ * screening copy, the error bound of maxsim_internal.h turns each estimate into [LB, UB], each row's
+ * largest UB of a block is rescored exactly in float64 first, and then only the documents whose UB
+ * reaches the best exact cosine (or a candidate's LB) are. The result is the exact MaxSim.
  *
  * The screen section is already an AMX B operand: one 64-byte line holds the same 4 depths of the 16
  * rows of a tile, so 16 consecutive lines (1 KB) are a 64-deep, 16-column B tile. Documents are used
@@ -47,14 +47,15 @@
  * Bounds are kept in units of the query's screening step s_q, so only per-row constants remain:
  * with p_j = dot_j * s_d[j] (the estimate is s_q p_j), b = (1 + e_q) / s_q and a = e_q + slack,
  *   UB_j = s_q u_j + a  with u_j = p_j + b e_j,     LB_j = s_q l_j - a  with l_j = p_j - b e_j.
- * A row's threshold is max(best LB, best exact cosine) and its cut is (threshold - a) / s_q rounded
- * down, so document j is a candidate exactly when u_j >= cut.
+ * A row's threshold is max(best exact cosine, best LB of its candidates) and its cut is
+ * (threshold - a) / s_q rounded down, so document j is a candidate exactly when u_j >= cut.
  *
  * A group is one query tile (16 rows); documents go by blocks of NK_SAMX_BLOCK_DOCS. The AMX unit
  * computes the whole block, four 16 x 16 tiles of dot products at a time, into the block buffer;
- * then the vector units turn those sums into u in place, with per-lane maxima of l (interleaving the
- * two measured slower than running them one after the other). Once a block is done its best LB is
- * known, and one pass over u collects the candidates. */
+ * then the vector units turn those sums into u in place, with tagged per-lane maxima of u
+ * (interleaving the two measured slower than running them one after the other). Once a block is
+ * done, each row's largest u is rescored exactly, and one pass over u collects the documents that
+ * can still beat that cosine. */
 
 /* LDTILECFG's 64-byte operand, palette 1. */
 typedef struct nk_samx_tile_config {
@@ -70,7 +71,7 @@ typedef struct nk_samx_tile_config {
  * document matrix has been screened, so that a later, higher threshold still prunes them. */
 typedef struct nk_samx_group {
     int32_t bias[16];      /* -128 * screen_sums[q]: cancels the documents' +128 offset */
-    float lower[16][16];   /* this block: max of l per lane */
+    float top[16][16];     /* this block: per lane, the largest u tagged with its tile (nk_samx_tag) */
     float list_upper[16][NK_SAMX_LIST];
     float list_lower[16][NK_SAMX_LIST];
     uint32_t list_doc[16][NK_SAMX_LIST];
@@ -264,11 +265,21 @@ NK_SAMX_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
     if (DT > 3) _tile_stored(3, out + 768, 64);
 }
 
+/* The low 5 mantissa bits of u replaced by its tile within the block (512 / 16 = 32 tiles): the
+ * largest tagged u of a row names a document whose u is within 2^-18 (relative) of the largest, the
+ * one rescored first. Tags only choose that document; cuts compare the stored, untagged u. */
+#define NK_SAMX_TAG_BITS 0x1F
+NK_SAMX_INLINE __m512 nk_samx_tag(__m512 upper, unsigned tile) {
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        _mm512_castps_si512(upper), _mm512_set1_epi32(~NK_SAMX_TAG_BITS), _mm512_set1_epi32((int)tile), 0xEA));
+}
+
 /* Turn DT stored tiles of biased sums (tile t at sums + 256 t, row r at + 16 r; all lanes present but
- * possibly the last tile's `last_lanes`) into u in place (absent lanes hold junk that the scan masks
- * off), raising the per-lane maxima of l. */
+ * possibly the last tile's `last_lanes`; the first is tile `first_tile` of the block) into u in place
+ * (absent lanes hold junk that the scan masks off), raising the tagged per-lane maxima of u. */
 NK_SAMX_INLINE void nk_samx_quad_epilogue(int32_t *sums, uint64_t rows, float const *scales_d, float const *errors_d,
-                                          __mmask16 last_lanes, nk_samx_group_t *group, int const DT) {
+                                          __mmask16 last_lanes, nk_samx_group_t *group, unsigned first_tile,
+                                          int const DT) {
     __m512 scale[4], error[4];
     __mmask16 lanes[4];
 #pragma GCC unroll 4
@@ -278,16 +289,17 @@ NK_SAMX_INLINE void nk_samx_quad_epilogue(int32_t *sums, uint64_t rows, float co
         error[t] = _mm512_maskz_loadu_ps(lanes[t], errors_d + 16 * t);
     }
     for (uint64_t r = 0; r < rows; ++r) {
-        __m512 growth = _mm512_set1_ps(group->growth[r]), lower = _mm512_load_ps(group->lower[r]);
+        __m512 growth = _mm512_set1_ps(group->growth[r]), top = _mm512_load_ps(group->top[r]);
         __m512i bias = _mm512_set1_epi32(group->bias[r]);
 #pragma GCC unroll 4
         for (int t = 0; t < DT; ++t) {
             int32_t *at = sums + 256 * t + 16 * r;
             __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_load_si512(at), bias)), scale[t]);
-            _mm512_store_ps((float *)(void *)at, _mm512_fmadd_ps(growth, error[t], p));
-            lower = _mm512_mask_max_ps(lower, lanes[t], lower, _mm512_fnmadd_ps(growth, error[t], p));
+            __m512 upper = _mm512_fmadd_ps(growth, error[t], p);
+            _mm512_store_ps((float *)(void *)at, upper);
+            top = _mm512_mask_max_ps(top, lanes[t], top, nk_samx_tag(upper, first_tile + (unsigned)t));
         }
-        _mm512_store_ps(group->lower[r], lower);
+        _mm512_store_ps(group->top[r], top);
     }
 }
 
@@ -329,22 +341,55 @@ static void nk_samx_raise_row(nk_samx_group_t *group, unsigned r) {
                   &group->threshold[r], &group->cut[r]);
 }
 
-/* Raise every row's threshold to the best lower bound of the block and derive the cuts. */
-static void nk_samx_block_cuts(nk_samx_group_t *group) {
-    for (unsigned r0 = 0; r0 < 16; r0 += 8) {
-        double lower[8];
-#pragma GCC unroll 8
-        for (unsigned r = 0; r < 8; ++r) lower[r] = (double)_mm512_reduce_max_ps(_mm512_load_ps(group->lower[r0 + r]));
-        __m512d offset = _mm512_loadu_pd(group->offset + r0);
-        __m512d threshold =
-            _mm512_max_pd(_mm512_fmsub_pd(_mm512_loadu_pd(lower), _mm512_loadu_pd(group->scale + r0), offset),
-                          _mm512_loadu_pd(group->threshold + r0));
-        _mm512_storeu_pd(group->threshold + r0, threshold);
-        __m512d cut = _mm512_mul_pd(_mm512_sub_pd(threshold, offset), _mm512_loadu_pd(group->inv_scale + r0));
-        __m256 cut32 = _mm512_cvt_roundpd_ps(cut, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        __m256 dead = _mm256_loadu_ps(group->cut + r0); /* rows that take no part stay at +inf */
-        _mm256_storeu_ps(group->cut + r0, _mm256_max_ps(cut32, dead));
+/* Exact cosines of n independent (query row which[k], document docs[k]) pairs, raising best, threshold
+ * and cut of each row. */
+static void nk_samx_rescore_batch(nk_samx_context_t const *context, nk_samx_group_t *group, void const *const *q_rows,
+                                  void const *const *d_rows, uint64_t const *docs, unsigned const *which, unsigned n) {
+    nk_maxsim_view_t const *q = context->q, *d = context->d;
+    double dots[16];
+    nk_x512_dot_batch((int)q->dtype, q_rows, d_rows, n, q->depth, dots);
+    for (unsigned k = 0; k < n; ++k) {
+        unsigned r = which[k];
+        NK_SAMX_COUNT_RESCORE();
+        double cos = dots[k] * q->inv_norms[context->first_query + r] * d->inv_norms[docs[k]];
+        if (cos > group->best[r]) group->best[r] = cos;
+        nk_x512_raise(cos, group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
     }
+}
+
+/* Rescore every row's largest u of the block first, one batch of independent float64 dot products,
+ * so that the scan starts from an exact cosine (usually the row's winner) and collects only the
+ * documents within the error bound of it. The rescored document's u becomes -inf. */
+static void nk_samx_block_tops(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows,
+                               uint64_t first_doc, float *upper_block) {
+    nk_maxsim_view_t const *q = context->q, *d = context->d;
+    void const *q_rows[16], *d_rows[16];
+    uint64_t docs[16];
+    unsigned which[16], n = 0;
+    for (unsigned r = 0; r < rows; ++r) {
+        if (group->cut[r] == INFINITY) continue; /* takes no part */
+        __m512 top = _mm512_load_ps(group->top[r]);
+        float largest = _mm512_reduce_max_ps(top);
+        int32_t bits;
+        memcpy(&bits, &largest, sizeof bits);
+        unsigned lane = (unsigned)__builtin_ctz((unsigned)_mm512_cmp_ps_mask(top, _mm512_set1_ps(largest), _CMP_EQ_OQ));
+        unsigned tile = (unsigned)(bits & NK_SAMX_TAG_BITS);
+        float *upper = upper_block + 256 * tile + 16 * r + lane;
+        if (!(*upper >= group->cut[r])) continue; /* (also when the block holds no live bound) */
+        *upper = -INFINITY;
+        uint64_t doc = first_doc + 16 * tile + lane;
+        if (d->inv_norms[doc] == 0.0) { /* a zero document row: cosine 0 without a dot product */
+            NK_SAMX_COUNT_RESCORE();
+            if (0.0 > group->best[r]) group->best[r] = 0.0;
+            nk_x512_raise(0.0, group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
+            continue;
+        }
+        q_rows[n] = (char const *)q->values + (context->first_query + r) * context->row_bytes;
+        d_rows[n] = (char const *)d->values + doc * context->row_bytes;
+        if (d->cold) nk_x512_prefetch_row(d_rows[n], context->row_bytes);
+        docs[n] = doc, which[n++] = r;
+    }
+    nk_samx_rescore_batch(context, group, q_rows, d_rows, docs, which, n);
 }
 
 /* The scan found candidates among the 16 documents at upper (block tile t) of row r. */
@@ -397,7 +442,7 @@ static void nk_samx_start_block(nk_samx_context_t const *context, nk_samx_group_
         for (unsigned r = 0; r < rows; ++r) nk_samx_drain_row(context, group, r);
         group->list_base = first_doc;
     }
-    for (unsigned r = 0; r < 16; ++r) _mm512_store_ps(group->lower[r], _mm512_set1_ps(-INFINITY));
+    for (unsigned r = 0; r < 16; ++r) _mm512_store_ps(group->top[r], _mm512_set1_ps(-INFINITY));
 }
 
 /* After the AMX pass over a block: turn its sums into u, derive the cuts, collect the candidates. */
@@ -411,14 +456,17 @@ static void nk_samx_finish_block(nk_samx_context_t const *context, nk_samx_group
     for (uint64_t t = 0; t < tiles; t += 4) {
         int32_t *at = sums + 256 * t;
         float const *scales = scales_d + 16 * t, *errors = errors_d + 16 * t;
+        unsigned first_tile = (unsigned)t;
         switch (tiles - t < 4 ? tiles - t : 4) {
-        case 4: nk_samx_quad_epilogue(at, rows, scales, errors, t + 4 == tiles ? last_lanes : 0xFFFF, group, 4); break;
-        case 3: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, 3); break;
-        case 2: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, 2); break;
-        default: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, 1); break;
+        case 4:
+            nk_samx_quad_epilogue(at, rows, scales, errors, t + 4 == tiles ? last_lanes : 0xFFFF, group, first_tile, 4);
+            break;
+        case 3: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, first_tile, 3); break;
+        case 2: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, first_tile, 2); break;
+        default: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, first_tile, 1); break;
         }
     }
-    nk_samx_block_cuts(group);
+    nk_samx_block_tops(context, group, rows, first_doc, block_buffer);
     nk_samx_scan_block(context, group, rows, first_doc, docs, block_buffer);
 }
 
@@ -657,37 +705,8 @@ static int nk_samx_rescore_round(nk_samx_context_t const *context, nk_samx_group
         which[n++] = r;
     }
     if (!n) return active;
-    double dots[16];
-    nk_x512_dot_batch((int)q->dtype, q_rows, d_rows, n, q->depth, dots);
-    for (unsigned k = 0; k < n; ++k) {
-        unsigned r = which[k];
-        NK_SAMX_COUNT_RESCORE();
-        double cos = dots[k] * q->inv_norms[context->first_query + r] * d->inv_norms[docs[k]];
-        if (cos > group->best[r]) group->best[r] = cos;
-        nk_x512_raise(cos, group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
-    }
+    nk_samx_rescore_batch(context, group, q_rows, d_rows, docs, which, n);
     return 1;
-}
-
-/* Between blocks: the float32 cosine of every row's best candidate, minus its slack, is a lower bound
- * on the best cosine that is nearly as tight as an exact one, and raises the threshold for the next
- * blocks. The candidates stay in their lists. */
-static void nk_samx_raise_round(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows) {
-    nk_maxsim_view_t const *q = context->q, *d = context->d;
-    for (unsigned r = 0; r < rows; ++r) {
-        unsigned count = group->count[r];
-        if (!count) continue;
-        unsigned top = nk_samx_top(group->list_upper[r], count);
-        uint64_t doc = group->list_base + group->list_doc[r][top];
-        double inv_d = d->inv_norms[doc], slack = 0.0, cos = 0.0; /* a zero row: exactly 0 */
-        if (inv_d != 0.0) {
-            NK_SAMX_COUNT_CHECK();
-            cos = nk_x512_cosine_f32((int)q->dtype, (char const *)q->values + (context->first_query + r) * context->row_bytes, 0,
-                                     (char const *)d->values + doc * context->row_bytes, q->depth,
-                                     q->inv_norms[context->first_query + r], inv_d, &slack);
-        }
-        nk_x512_raise(cos - slack, group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
-    }
 }
 
 /* After the whole document matrix: every row's best candidate together, then each row's remaining
@@ -779,9 +798,6 @@ double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *
             else
                 nk_samx_screen_block(&context[0], rows[0], first_doc, docs, query_tiles[0], last_tile, single_pass,
                                      block_buffer, &group[0]);
-            /* A near-exact cosine right after the first block gives the later blocks a tighter cut. */
-            if (first_doc == 0 && docs < d->vectors)
-                for (unsigned g = 0; g < groups; ++g) nk_samx_raise_round(&context[g], &group[g], rows[g]);
         }
         for (unsigned g = 0; g < groups; ++g) nk_samx_group_total(&context[g], &group[g], rows[g], &total);
         first_query += rows[0] + rows[1];
