@@ -5,6 +5,7 @@
 #define NUMKONG_AVX512_EXACT_H
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "maxsim_internal.h"
 
@@ -289,6 +290,27 @@ static inline double nk_x512_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t 
 static inline float nk_x512_round_down(double x) {
     __m128 rounded = _mm_cvt_roundsd_ss(_mm_setzero_ps(), _mm_set_sd(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     return _mm_cvtss_f32(rounded);
+}
+
+/* ---- Tagged screening bounds. ----
+ * A kernel that wants to rescore each row's largest upper bound first keeps per-lane maxima of its
+ * bounds with the low 6 mantissa bits replaced by the bound's 16-row tile within the block (up to
+ * 64 tiles): the maximum of tagged bounds names a document whose bound is within 2^-17 (relative)
+ * of the largest. Tags only choose that document; cuts compare the stored, untagged bounds. */
+#define NK_X512_TAG_BITS 0x3F
+
+NK_X512_INLINE __m512 nk_x512_tag(__m512 upper, unsigned tile) {
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        _mm512_castps_si512(upper), _mm512_set1_epi32(~NK_X512_TAG_BITS), _mm512_set1_epi32((int)tile), 0xEA));
+}
+
+/* The tile and lane of the largest of 16 tagged per-lane maxima. */
+NK_X512_INLINE void nk_x512_tagged_top(__m512 top, unsigned *tile, unsigned *lane) {
+    float largest = _mm512_reduce_max_ps(top);
+    int32_t bits;
+    memcpy(&bits, &largest, sizeof bits);
+    *lane = (unsigned)__builtin_ctz((unsigned)_mm512_cmp_ps_mask(top, _mm512_set1_ps(largest), _CMP_EQ_OQ));
+    *tile = (unsigned)(bits & NK_X512_TAG_BITS);
 }
 
 #define NK_X512_PREFETCH_BYTES 1024u /* leading bytes of a candidate row fetched ahead of its rescoring */

@@ -12,7 +12,6 @@
  */
 #include <immintrin.h>
 #include <math.h>
-#include <string.h>
 
 #include "avx512_exact.h"
 #include "maxsim_internal.h"
@@ -38,27 +37,17 @@
  * a = e_q + slack,
  *   UB_j = s_q (p_j + b e_j) + a,   LB_j = s_q (p_j - b e_j) - a.
  * The micro-kernel's epilogue stores p_j + b e_j and keeps, per lane, the largest of them tagged
- * with its tile (nk_ice_tag): the document that is rescored first. */
+ * with its tile (nk_x512_tag): the document that is rescored first. */
 
 /* Per query group: the constants of each row and what the screening has seen so far. */
 typedef struct nk_ice_group {
-    float top[NK_ICE_ROWS][16];      /* per lane, the block's largest p + b e, tagged by nk_ice_tag */
+    float top[NK_ICE_ROWS][16];      /* per lane, the block's largest p + b e, tagged by nk_x512_tag */
     int32_t bias[NK_ICE_ROWS];       /* 128 * screen_sums[q]: the unsigned-operand offset */
     float growth[NK_ICE_ROWS];       /* b = (1 + e_q) / s_q */
     double inv_scale[NK_ICE_ROWS];   /* 1 / s_q */
     double offset[NK_ICE_ROWS];      /* a = e_q + slack */
     double best[NK_ICE_ROWS];        /* best exact cosine so far */
 } nk_ice_group_t;
-
-/* The low 6 mantissa bits of an upper bound replaced by its tile within the block (1024 / 16 = 64
- * tiles): the maximum of tagged bounds names a document whose bound is within 2^-17 (relative) of
- * the largest, the natural one to rescore first. Tags only choose that order; cuts compare the
- * stored, untagged bounds. */
-#define NK_ICE_TAG_BITS 0x3F
-NK_ICE_INLINE __m512 nk_ice_tag(__m512 upper, __m512i tile) {
-    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(upper),
-                                                         _mm512_set1_epi32(~NK_ICE_TAG_BITS), tile, 0xEA));
-}
 
 /* Documents of `tiles` adjacent 16-row tiles (tiles `tile_stride` bytes apart, depth groups
  * `vector_stride` bytes apart, `lanes` the rows present in each tile; the first is tile
@@ -107,7 +96,7 @@ NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t gro
             __m512 p = _mm512_mul_ps(estimate, _mm512_maskz_loadu_ps(lanes, scales_d + 16 * t));
             __m512 error_d = _mm512_maskz_loadu_ps(lanes, errors_d + 16 * t);
             __m512 upper = _mm512_fmadd_ps(growth, error_d, p);
-            top = _mm512_mask_max_ps(top, lanes, top, nk_ice_tag(upper, _mm512_set1_epi32((int)first_tile + t)));
+            top = _mm512_mask_max_ps(top, lanes, top, nk_x512_tag(upper, first_tile + (unsigned)t));
             upper = _mm512_mask_mov_ps(minus_infinity, lanes, upper);
             _mm512_store_ps(scores + (unsigned)r * NK_ICE_BLOCK_DOCS + 16u * (unsigned)t, upper);
         }
@@ -170,7 +159,6 @@ static __attribute__((noinline)) void nk_ice_screen_partial(int32_t const *query
         __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[v]), _mm512_permutexvar_ps(pair, scales));
         upper[v] = _mm512_fmadd_ps(growth, _mm512_permutexvar_ps(pair, errors), p);
     }
-    __m512i tag = _mm512_set1_epi32((int)tile);
 #pragma GCC unroll 8
     for (int r = 0; r < NK_ICE_ROWS; ++r) { /* row r: lanes r, 8 + r of both vectors */
         __m512i gather = _mm512_setr_epi32(r, 8 + r, 16 + r, 24 + r, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -178,7 +166,7 @@ static __attribute__((noinline)) void nk_ice_screen_partial(int32_t const *query
         row = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), (__mmask16)present, row);
         _mm512_store_ps(scores + (unsigned)r * NK_ICE_BLOCK_DOCS, row);
         __m512 top = _mm512_load_ps(group->top[r]);
-        _mm512_store_ps(group->top[r], _mm512_mask_max_ps(top, (__mmask16)present, top, nk_ice_tag(row, tag)));
+        _mm512_store_ps(group->top[r], _mm512_mask_max_ps(top, (__mmask16)present, top, nk_x512_tag(row, tile)));
     }
 }
 
@@ -344,12 +332,9 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
         thresholds[r] = -INFINITY, cuts[r] = -INFINITY;
         nk_x512_raise(group->best[r], group->offset[r], group->inv_scale[r], &thresholds[r], &cuts[r]);
         if (q->inv_norms[first_query + r] == 0.0) continue;
-        __m512 top = _mm512_load_ps(group->top[r]);
-        float largest = _mm512_reduce_max_ps(top);
-        int32_t bits;
-        memcpy(&bits, &largest, sizeof bits);
-        unsigned lane = (unsigned)__builtin_ctz((unsigned)_mm512_cmp_ps_mask(top, _mm512_set1_ps(largest), _CMP_EQ_OQ));
-        int32_t doc = (int32_t)(16u * (unsigned)(bits & NK_ICE_TAG_BITS) + lane);
+        unsigned tile, lane;
+        nk_x512_tagged_top(_mm512_load_ps(group->top[r]), &tile, &lane);
+        int32_t doc = (int32_t)(16u * tile + lane);
         float *upper = scores + r * NK_ICE_BLOCK_DOCS + doc;
         if (!(*upper >= cuts[r])) continue; /* (also when the block holds no live bound) */
         *upper = -INFINITY;                 /* rescored here, so never collected below */

@@ -71,7 +71,7 @@ typedef struct nk_samx_tile_config {
  * document matrix has been screened, so that a later, higher threshold still prunes them. */
 typedef struct nk_samx_group {
     int32_t bias[16];      /* -128 * screen_sums[q]: cancels the documents' +128 offset */
-    float top[16][16];     /* this block: per lane, the largest u tagged with its tile (nk_samx_tag) */
+    float top[16][16];     /* this block: per lane, the largest u tagged with its tile (nk_x512_tag) */
     float list_upper[16][NK_SAMX_LIST];
     float list_lower[16][NK_SAMX_LIST];
     uint32_t list_doc[16][NK_SAMX_LIST];
@@ -265,15 +265,6 @@ NK_SAMX_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
     if (DT > 3) _tile_stored(3, out + 768, 64);
 }
 
-/* The low 5 mantissa bits of u replaced by its tile within the block (512 / 16 = 32 tiles): the
- * largest tagged u of a row names a document whose u is within 2^-18 (relative) of the largest, the
- * one rescored first. Tags only choose that document; cuts compare the stored, untagged u. */
-#define NK_SAMX_TAG_BITS 0x1F
-NK_SAMX_INLINE __m512 nk_samx_tag(__m512 upper, unsigned tile) {
-    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
-        _mm512_castps_si512(upper), _mm512_set1_epi32(~NK_SAMX_TAG_BITS), _mm512_set1_epi32((int)tile), 0xEA));
-}
-
 /* Turn DT stored tiles of biased sums (tile t at sums + 256 t, row r at + 16 r; all lanes present but
  * possibly the last tile's `last_lanes`; the first is tile `first_tile` of the block) into u in place
  * (absent lanes hold junk that the scan masks off), raising the tagged per-lane maxima of u. */
@@ -297,7 +288,7 @@ NK_SAMX_INLINE void nk_samx_quad_epilogue(int32_t *sums, uint64_t rows, float co
             __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_load_si512(at), bias)), scale[t]);
             __m512 upper = _mm512_fmadd_ps(growth, error[t], p);
             _mm512_store_ps((float *)(void *)at, upper);
-            top = _mm512_mask_max_ps(top, lanes[t], top, nk_samx_tag(upper, first_tile + (unsigned)t));
+            top = _mm512_mask_max_ps(top, lanes[t], top, nk_x512_tag(upper, first_tile + (unsigned)t));
         }
         _mm512_store_ps(group->top[r], top);
     }
@@ -368,12 +359,8 @@ static void nk_samx_block_tops(nk_samx_context_t const *context, nk_samx_group_t
     unsigned which[16], n = 0;
     for (unsigned r = 0; r < rows; ++r) {
         if (group->cut[r] == INFINITY) continue; /* takes no part */
-        __m512 top = _mm512_load_ps(group->top[r]);
-        float largest = _mm512_reduce_max_ps(top);
-        int32_t bits;
-        memcpy(&bits, &largest, sizeof bits);
-        unsigned lane = (unsigned)__builtin_ctz((unsigned)_mm512_cmp_ps_mask(top, _mm512_set1_ps(largest), _CMP_EQ_OQ));
-        unsigned tile = (unsigned)(bits & NK_SAMX_TAG_BITS);
+        unsigned tile, lane;
+        nk_x512_tagged_top(_mm512_load_ps(group->top[r]), &tile, &lane);
         float *upper = upper_block + 256 * tile + 16 * r + lane;
         if (!(*upper >= group->cut[r])) continue; /* (also when the block holds no live bound) */
         *upper = -INFINITY;
