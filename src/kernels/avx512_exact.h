@@ -331,11 +331,35 @@ static inline void nk_x512_raise(double lower, double offset, double inv_scale, 
     }
 }
 
+/* An exact cosine of a query row raises the row's best exact cosine, and its threshold and cut. */
+static inline void nk_x512_take(double cos, double *best, double offset, double inv_scale, double *threshold,
+                                float *cut) {
+    if (cos > *best) *best = cos;
+    nk_x512_raise(cos, offset, inv_scale, threshold, cut);
+}
+
+/* Rescore n <= 16 pairs (query row first_query + which[k] at q_rows[k], document docs[k] at d_rows[k])
+ * with one batch of float64 dot products, independent work for the core to overlap (a zero document
+ * row has cosine 0). Each cosine is taken into row which[k] of the per-row arrays. */
+static inline void nk_x512_rescore_batch(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first_query,
+                                         void const *const *q_rows, void const *const *d_rows, unsigned const *which,
+                                         uint64_t const *docs, unsigned n, double *best, double const *offset,
+                                         double const *inv_scale, double *threshold, float *cut) {
+    double dots[16];
+    if (!n) return;
+    nk_x512_dot_batch((int)q->dtype, q_rows, d_rows, n, q->depth, dots);
+    for (unsigned k = 0; k < n; ++k) {
+        unsigned r = which[k];
+        double inv_d = d->inv_norms[docs[k]];
+        double cos = inv_d == 0.0 ? 0.0 : dots[k] * q->inv_norms[first_query + r] * inv_d;
+        nk_x512_take(cos, &best[r], offset[r], inv_scale[r], &threshold[r], &cut[r]);
+    }
+}
+
 /* ---- Per-row screening constants of a query group. ----
  * Lane r describes query row first + r (r < rows <= 8); rows past the end and zero rows are dead:
- * error 0, scale 1, growth 0, bias 0, not in `live`. */
+ * scale 1, growth 0, bias 0, offset the slack alone, not in `live`. */
 typedef struct nk_x512_row_constants {
-    __m512d error;     /* e_q */
     __m512d scale;     /* s_q */
     __m512d inv_scale; /* 1 / s_q */
     __m512d offset;    /* a = e_q + slack */
@@ -349,13 +373,13 @@ static inline nk_x512_row_constants_t nk_x512_row_constants(nk_maxsim_view_t con
     __mmask8 present = rows >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << rows) - 1u);
     __m512d one = _mm512_set1_pd(1.0), zero = _mm512_setzero_pd();
     c.live = _mm512_mask_cmp_pd_mask(present, _mm512_maskz_loadu_pd(present, q->inv_norms + first), zero, _CMP_NEQ_UQ);
-    c.error = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(c.live, q->screen_errors + first));
+    __m512d error = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(c.live, q->screen_errors + first)); /* e_q */
     c.scale = _mm512_mask_cvtps_pd(one, c.live, _mm256_maskz_loadu_ps(c.live, q->screen_scales + first));
     /* never for a packed nonzero row; keeps b finite */
     c.scale = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(c.scale, zero, _CMP_GT_OQ), _mm512_set1_pd(0x1p-126), c.scale);
     c.inv_scale = _mm512_div_pd(one, c.scale);
-    c.offset = _mm512_add_pd(c.error, _mm512_set1_pd((double)nk_screen_slack_k));
-    c.growth = _mm256_maskz_mov_ps(c.live, _mm512_cvtpd_ps(_mm512_div_pd(_mm512_add_pd(one, c.error), c.scale)));
+    c.offset = _mm512_add_pd(error, _mm512_set1_pd((double)nk_screen_slack_k));
+    c.growth = _mm256_maskz_mov_ps(c.live, _mm512_cvtpd_ps(_mm512_div_pd(_mm512_add_pd(one, error), c.scale)));
     c.bias = _mm256_slli_epi32(_mm256_maskz_loadu_epi32(c.live, q->screen_sums + first), 7);
     return c;
 }
@@ -367,9 +391,8 @@ static inline nk_x512_row_constants_t nk_x512_row_constants(nk_maxsim_view_t con
  * sum |a_k b_k| <= |a| |b| = 1 / (inv_q inv_d) (up to the rounding of the stored inverse norms,
  * covered by a factor 1.0001). The float64 cosine the contract uses differs from the real one by
  * less than (depth + 8) 2^-52, which the slack adds too. A non-finite sum means over- or underflow
- * and no bound at all. It costs about a quarter of the float64 dot product, and it serves twice:
- * cos + slack below the best exact cosine rules a candidate out, and cos - slack is a lower bound
- * on the best cosine that tightens the cut between document blocks. */
+ * and no bound at all. It costs about a quarter of the float64 dot product: cos + slack below the
+ * best exact cosine rules a candidate out. */
 
 /* 16 elements of a row as float32 (minifloats as their unscaled half images). */
 NK_X512_INLINE __m512 nk_x512_load16_f32(int dtype, void const *row, uint64_t k, __mmask16 lanes) {

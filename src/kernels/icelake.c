@@ -110,10 +110,11 @@ NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t gro
  * mostly empty. Partial sums live in the first two rows of the tile's scores between depth chunks;
  * the epilogue writes every row's 16 lanes (-inf past m) and raises group->top as there. */
 static __attribute__((noinline)) void nk_ice_screen_partial(int32_t const *query_groups, uint64_t groups,
-                                                            uint8_t const *doc, unsigned m, int vectors, int accumulate,
-                                                            int finish, float *scores, nk_ice_group_t *group,
-                                                            float const *scales_d, float const *errors_d, unsigned tile) {
+                                                            uint8_t const *doc, unsigned m, int accumulate, int finish,
+                                                            float *scores, nk_ice_group_t *group, float const *scales_d,
+                                                            float const *errors_d, unsigned tile) {
     __mmask8 present = (__mmask8)((1u << m) - 1u);
+    int vectors = m <= 2 ? 1 : 2;
     __m512i pair_low = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     __m512i pair_high = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     /* Four partial sums per vector, over alternating depth groups: one chain of dependent
@@ -215,9 +216,8 @@ static void nk_ice_screen_block(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
                                 (unsigned)t);
         if (partial_rows && partial_rows <= 4)
             nk_ice_screen_partial(query_groups, groups, block + full_tiles * tile_stride + g0 * 4 * partial_rows,
-                                  (unsigned)partial_rows, partial_rows <= 2 ? 1 : 2, accumulate, finish,
-                                  scores + full_tiles * 16, group, scales_d + full_tiles * 16,
-                                  errors_d + full_tiles * 16, (unsigned)full_tiles);
+                                  (unsigned)partial_rows, accumulate, finish, scores + full_tiles * 16, group,
+                                  scales_d + full_tiles * 16, errors_d + full_tiles * 16, (unsigned)full_tiles);
         else if (partial_rows) /* the last tile of the whole matrix: rows packed 4 * partial_rows apart */
             nk_ice_screen_tiles(query_groups, groups, block + full_tiles * tile_stride + g0 * 4 * partial_rows, 0,
                                 4 * partial_rows, (__mmask16)((1u << partial_rows) - 1u), 1, accumulate, finish,
@@ -254,8 +254,7 @@ static float nk_ice_drain(nk_ice_row_t *row, float *list_upper, int32_t *list_do
         if (!(list_upper[top] >= cut)) break;
         double cos = nk_x512_cosine(row->q, row->d, row->q_row, row->decoded, row->inv_q,
                                    row->first_doc + (uint64_t)list_doc[top], row->row_bytes);
-        if (cos > *row->best) *row->best = cos;
-        nk_x512_raise(cos, row->a, row->inv_scale_q, &row->threshold, &cut); /* tightens what follows */
+        nk_x512_take(cos, row->best, row->a, row->inv_scale_q, &row->threshold, &cut); /* tightens what follows */
         --count;
         list_upper[top] = list_upper[count];
         list_doc[top] = list_doc[count];
@@ -327,7 +326,7 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
      * within the error bound of it are collected, rarely any. */
     void const *q_rows[NK_ICE_ROWS], *d_rows[NK_ICE_ROWS];
     unsigned which[NK_ICE_ROWS], n = 0;
-    int32_t first_docs[NK_ICE_ROWS];
+    uint64_t chosen[NK_ICE_ROWS];
     for (uint64_t r = 0; r < rows; ++r) {
         thresholds[r] = -INFINITY, cuts[r] = -INFINITY;
         nk_x512_raise(group->best[r], group->offset[r], group->inv_scale[r], &thresholds[r], &cuts[r]);
@@ -338,20 +337,14 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
         float *upper = scores + r * NK_ICE_BLOCK_DOCS + doc;
         if (!(*upper >= cuts[r])) continue; /* (also when the block holds no live bound) */
         *upper = -INFINITY;                 /* rescored here, so never collected below */
+        chosen[n] = first_doc + (uint64_t)doc;
         q_rows[n] = (char const *)q->values + (first_query + r) * row_bytes;
-        d_rows[n] = (char const *)d->values + (first_doc + (uint64_t)doc) * row_bytes;
+        d_rows[n] = (char const *)d->values + chosen[n] * row_bytes;
         if (d->cold) nk_x512_prefetch_row(d_rows[n], row_bytes);
-        first_docs[n] = doc, which[n++] = (unsigned)r;
+        which[n++] = (unsigned)r;
     }
-    double dots[NK_ICE_ROWS];
-    nk_x512_dot_batch((int)q->dtype, q_rows, d_rows, n, q->depth, dots);
-    for (unsigned k = 0; k < n; ++k) {
-        unsigned r = which[k];
-        double inv_d = d->inv_norms[first_doc + (uint64_t)first_docs[k]];
-        double cos = inv_d == 0.0 ? 0.0 : dots[k] * q->inv_norms[first_query + r] * inv_d;
-        if (cos > group->best[r]) group->best[r] = cos;
-        nk_x512_raise(cos, group->offset[r], group->inv_scale[r], &thresholds[r], &cuts[r]);
-    }
+    nk_x512_rescore_batch(q, d, first_query, q_rows, d_rows, which, chosen, n, group->best, group->offset,
+                          group->inv_scale, thresholds, cuts);
     /* Then collect every row's candidates and, in a corpus (which does not fit in cache), prefetch
      * the stored row of each one's largest upper bound, so the misses of a whole group overlap.
      * (Prefetching every candidate fetches rows the float32 checks mostly never read.) */
@@ -399,30 +392,24 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
                 ++c;
             }
         }
-        unsigned tops[NK_ICE_ROWS];
         n = 0;
         for (uint64_t r = 0; r < rows; ++r) {
             if (!counts[r]) continue;
-            unsigned top = nk_ice_top(list_upper[r], counts[r]);
+            unsigned top = nk_ice_top(list_upper[r], counts[r]), last = --counts[r];
             if (!(list_upper[r][top] >= cuts[r])) { /* nothing left in the list can win */
                 counts[r] = 0;
                 continue;
             }
+            chosen[n] = first_doc + (uint64_t)list_doc[r][top];
             q_rows[n] = (char const *)q->values + (first_query + r) * row_bytes;
-            d_rows[n] = (char const *)d->values + (first_doc + (uint64_t)list_doc[r][top]) * row_bytes;
-            tops[n] = top, which[n++] = (unsigned)r;
-        }
-        if (!n) break;
-        nk_x512_dot_batch((int)q->dtype, q_rows, d_rows, n, q->depth, dots);
-        for (unsigned k = 0; k < n; ++k) {
-            unsigned r = which[k], top = tops[k], last = --counts[r];
-            double inv_d = d->inv_norms[first_doc + (uint64_t)list_doc[r][top]];
-            double cos = inv_d == 0.0 ? 0.0 : dots[k] * q->inv_norms[first_query + r] * inv_d;
-            if (cos > group->best[r]) group->best[r] = cos;
-            nk_x512_raise(cos, group->offset[r], group->inv_scale[r], &thresholds[r], &cuts[r]);
-            list_upper[r][top] = list_upper[r][last];
+            d_rows[n] = (char const *)d->values + chosen[n] * row_bytes;
+            which[n++] = (unsigned)r;
+            list_upper[r][top] = list_upper[r][last]; /* taken out of the list */
             list_doc[r][top] = list_doc[r][last];
         }
+        if (!n) break;
+        nk_x512_rescore_batch(q, d, first_query, q_rows, d_rows, which, chosen, n, group->best, group->offset,
+                              group->inv_scale, thresholds, cuts);
     }
     for (uint64_t r = 0; r < rows; ++r) {
         uint64_t i = first_query + r, tile = next_tile[r];

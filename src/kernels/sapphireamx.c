@@ -332,22 +332,6 @@ static void nk_samx_raise_row(nk_samx_group_t *group, unsigned r) {
                   &group->threshold[r], &group->cut[r]);
 }
 
-/* Exact cosines of n independent (query row which[k], document docs[k]) pairs, raising best, threshold
- * and cut of each row. */
-static void nk_samx_rescore_batch(nk_samx_context_t const *context, nk_samx_group_t *group, void const *const *q_rows,
-                                  void const *const *d_rows, uint64_t const *docs, unsigned const *which, unsigned n) {
-    nk_maxsim_view_t const *q = context->q, *d = context->d;
-    double dots[16];
-    nk_x512_dot_batch((int)q->dtype, q_rows, d_rows, n, q->depth, dots);
-    for (unsigned k = 0; k < n; ++k) {
-        unsigned r = which[k];
-        NK_SAMX_COUNT_RESCORE();
-        double cos = dots[k] * q->inv_norms[context->first_query + r] * d->inv_norms[docs[k]];
-        if (cos > group->best[r]) group->best[r] = cos;
-        nk_x512_raise(cos, group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
-    }
-}
-
 /* Rescore every row's largest u of the block first, one batch of independent float64 dot products,
  * so that the scan starts from an exact cosine (usually the row's winner) and collects only the
  * documents within the error bound of it. The rescored document's u becomes -inf. */
@@ -364,19 +348,15 @@ static void nk_samx_block_tops(nk_samx_context_t const *context, nk_samx_group_t
         float *upper = upper_block + 256 * tile + 16 * r + lane;
         if (!(*upper >= group->cut[r])) continue; /* (also when the block holds no live bound) */
         *upper = -INFINITY;
-        uint64_t doc = first_doc + 16 * tile + lane;
-        if (d->inv_norms[doc] == 0.0) { /* a zero document row: cosine 0 without a dot product */
-            NK_SAMX_COUNT_RESCORE();
-            if (0.0 > group->best[r]) group->best[r] = 0.0;
-            nk_x512_raise(0.0, group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
-            continue;
-        }
+        NK_SAMX_COUNT_RESCORE();
+        docs[n] = first_doc + 16 * tile + lane;
         q_rows[n] = (char const *)q->values + (context->first_query + r) * context->row_bytes;
-        d_rows[n] = (char const *)d->values + doc * context->row_bytes;
+        d_rows[n] = (char const *)d->values + docs[n] * context->row_bytes;
         if (d->cold) nk_x512_prefetch_row(d_rows[n], context->row_bytes);
-        docs[n] = doc, which[n++] = r;
+        which[n++] = r;
     }
-    nk_samx_rescore_batch(context, group, q_rows, d_rows, docs, which, n);
+    nk_x512_rescore_batch(q, d, context->first_query, q_rows, d_rows, which, docs, n, group->best, group->offset,
+                          group->inv_scale, group->threshold, group->cut);
 }
 
 /* The scan found candidates among the 16 documents at upper (block tile t) of row r. */
@@ -588,8 +568,7 @@ static void nk_samx_rescore(nk_samx_context_t const *context, nk_samx_group_t *g
     void const *q_row = (char const *)q->values + i * context->row_bytes;
     NK_SAMX_COUNT_RESCORE();
     double cos = nk_x512_cosine(q, context->d, q_row, decoded, q->inv_norms[i], doc, context->row_bytes);
-    if (cos > group->best[r]) group->best[r] = cos;
-    nk_x512_raise(cos, group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
+    nk_x512_take(cos, &group->best[r], group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
 }
 
 /* Index of the largest of upper[0 .. count), count > 0, without data-dependent branches (they would
@@ -666,34 +645,24 @@ static void nk_samx_drain_row(nk_samx_context_t const *context, nk_samx_group_t 
     }
 }
 
-/* Rescore the best remaining candidate of every row; 0 when no row had one left. One candidate per
- * row per round keeps the exact dot products of different rows independent work. */
-static int nk_samx_rescore_round(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows) {
+/* Rescore the best remaining candidate of every row. One candidate per row per round keeps the exact
+ * dot products of different rows independent work. */
+static void nk_samx_rescore_round(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows) {
     nk_maxsim_view_t const *q = context->q, *d = context->d;
     void const *q_rows[16], *d_rows[16];
     uint64_t docs[16];
     unsigned which[16], n = 0;
-    int active = 0;
     for (unsigned r = 0; r < rows; ++r) {
         if (!group->count[r]) continue;
         uint64_t doc = nk_samx_pop(group, r);
         if (doc == UINT64_MAX) continue;
-        active = 1;
-        if (d->inv_norms[doc] == 0.0) { /* a zero document row: cosine 0 without a dot product */
-            NK_SAMX_COUNT_RESCORE();
-            if (0.0 > group->best[r]) group->best[r] = 0.0;
-            nk_x512_raise(0.0, group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
-            continue;
-        }
-        char const *row = (char const *)d->values + doc * context->row_bytes;
+        NK_SAMX_COUNT_RESCORE();
         q_rows[n] = (char const *)q->values + (context->first_query + r) * context->row_bytes;
-        d_rows[n] = row;
-        docs[n] = doc;
-        which[n++] = r;
+        d_rows[n] = (char const *)d->values + doc * context->row_bytes;
+        docs[n] = doc, which[n++] = r;
     }
-    if (!n) return active;
-    nk_samx_rescore_batch(context, group, q_rows, d_rows, docs, which, n);
-    return 1;
+    nk_x512_rescore_batch(q, d, context->first_query, q_rows, d_rows, which, docs, n, group->best, group->offset,
+                          group->inv_scale, group->threshold, group->cut);
 }
 
 /* After the whole document matrix: every row's best candidate together, then each row's remaining
