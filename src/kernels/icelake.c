@@ -366,15 +366,21 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
      * reaches its cut in float32 (a fraction of the float64 cost): one provably below that cosine
      * is dropped, which leaves only true near-ties. Then each round takes every row's largest upper
      * bound that still reaches its cut, so the float64 dot products of a round are independent work
-     * for the core to overlap; the exact cosines raise the cuts before the next round. Rows whose
-     * full list stopped the scan finish one at a time below. */
+     * for the core to overlap; the exact cosines raise the cuts before the next round. Only rows
+     * with candidates left are visited (`active`): most rows have none. Rows whose full list
+     * stopped the scan finish one at a time below. */
     int checks = q->dtype != nk_dtype_float64_k;
     double checked_against[NK_ICE_ROWS];
-    for (uint64_t r = 0; r < rows; ++r) checked_against[r] = -INFINITY;
+    unsigned active[NK_ICE_ROWS], live = 0; /* the rows with candidates left */
+    for (uint64_t r = 0; r < rows; ++r) {
+        checked_against[r] = -INFINITY;
+        if (counts[r]) active[live++] = (unsigned)r;
+    }
     for (;;) {
-        for (uint64_t r = 0; checks && r < rows; ++r) {
+        for (unsigned a = 0; checks && a < live; ++a) {
+            unsigned r = active[a];
             double best = group->best[r];
-            if (!counts[r] || !(best > checked_against[r])) continue; /* nothing new to check against */
+            if (!(best > checked_against[r])) continue; /* nothing new to check against */
             checked_against[r] = best;
             void const *q_row = (char const *)q->values + (first_query + r) * row_bytes;
             double inv_q = q->inv_norms[first_query + r];
@@ -393,7 +399,9 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
             }
         }
         n = 0;
-        for (uint64_t r = 0; r < rows; ++r) {
+        unsigned kept = 0;
+        for (unsigned a = 0; a < live; ++a) {
+            unsigned r = active[a];
             if (!counts[r]) continue;
             unsigned top = nk_ice_top(list_upper[r], counts[r]), last = --counts[r];
             if (!(list_upper[r][top] >= cuts[r])) { /* nothing left in the list can win */
@@ -403,10 +411,12 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
             chosen[n] = first_doc + (uint64_t)list_doc[r][top];
             q_rows[n] = (char const *)q->values + (first_query + r) * row_bytes;
             d_rows[n] = (char const *)d->values + chosen[n] * row_bytes;
-            which[n++] = (unsigned)r;
+            which[n++] = r;
             list_upper[r][top] = list_upper[r][last]; /* taken out of the list */
             list_doc[r][top] = list_doc[r][last];
+            if (counts[r]) active[kept++] = r;
         }
+        live = kept;
         if (!n) break;
         nk_x512_rescore_batch(q, d, first_query, q_rows, d_rows, which, chosen, n, group->best, group->offset,
                               group->inv_scale, thresholds, cuts);
