@@ -276,9 +276,10 @@ NK_ICE_INLINE unsigned nk_ice_collect(__m512 upper, __mmask16 candidates, uint64
 
 /* Collect the documents of tiles [*tile, tiles) whose stored upper bound reaches the cut, until the
  * list could overflow; *tile is left where the scan stopped (tiles when it finished). Four tiles
- * per test keep the common no-candidate case to one branch. */
-static unsigned nk_ice_scan(float const *row_scores, uint64_t *tile, uint64_t tiles, float cut, float *list_upper,
-                            int32_t *list_doc) {
+ * per test keep the common no-candidate case to one branch. Inlined: it runs once per query row,
+ * and the call cost 2-4 % at 32x180x128. */
+NK_ICE_INLINE unsigned nk_ice_scan(float const *row_scores, uint64_t *tile, uint64_t tiles, float cut,
+                                   float *list_upper, int32_t *list_doc) {
     __m512 cut_vector = _mm512_set1_ps(cut);
     unsigned count = 0;
     uint64_t t = *tile;
