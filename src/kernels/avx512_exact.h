@@ -338,19 +338,36 @@ static inline void nk_x512_take(double cos, double *best, double offset, double 
     nk_x512_raise(cos, offset, inv_scale, threshold, cut);
 }
 
-/* Rescore n <= 16 pairs (query row first_query + which[k] at q_rows[k], document docs[k] at d_rows[k])
- * with one batch of float64 dot products, independent work for the core to overlap (a zero document
- * row has cosine 0). Each cosine is taken into row which[k] of the per-row arrays. */
+/* Up to 16 (query row, document) pairs waiting for one batch of float64 rescoring. */
+typedef struct nk_x512_batch {
+    void const *q_rows[16], *d_rows[16]; /* the stored rows */
+    uint64_t docs[16];                   /* document indices */
+    unsigned which[16];                  /* query rows, relative to the group's first */
+    unsigned n;
+} nk_x512_batch_t;
+
+/* Queue query row first_query + r against document `doc`. */
+NK_X512_INLINE void nk_x512_batch_add(nk_x512_batch_t *batch, nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
+                                      uint64_t first_query, size_t row_bytes, unsigned r, uint64_t doc) {
+    unsigned k = batch->n++;
+    batch->q_rows[k] = (char const *)q->values + (first_query + r) * row_bytes;
+    batch->d_rows[k] = (char const *)d->values + doc * row_bytes;
+    batch->docs[k] = doc;
+    batch->which[k] = r;
+}
+
+/* Rescore the queued pairs with one batch of float64 dot products, independent work for the core to
+ * overlap (a zero document row has cosine 0). Each cosine is taken into row which[k] of the per-row
+ * arrays. */
 static inline void nk_x512_rescore_batch(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first_query,
-                                         void const *const *q_rows, void const *const *d_rows, unsigned const *which,
-                                         uint64_t const *docs, unsigned n, double *best, double const *offset,
+                                         nk_x512_batch_t const *batch, double *best, double const *offset,
                                          double const *inv_scale, double *threshold, float *cut) {
     double dots[16];
-    if (!n) return;
-    nk_x512_dot_batch((int)q->dtype, q_rows, d_rows, n, q->depth, dots);
-    for (unsigned k = 0; k < n; ++k) {
-        unsigned r = which[k];
-        double inv_d = d->inv_norms[docs[k]];
+    if (!batch->n) return;
+    nk_x512_dot_batch((int)q->dtype, batch->q_rows, batch->d_rows, batch->n, q->depth, dots);
+    for (unsigned k = 0; k < batch->n; ++k) {
+        unsigned r = batch->which[k];
+        double inv_d = d->inv_norms[batch->docs[k]];
         double cos = inv_d == 0.0 ? 0.0 : dots[k] * q->inv_norms[first_query + r] * inv_d;
         nk_x512_take(cos, &best[r], offset[r], inv_scale[r], &threshold[r], &cut[r]);
     }

@@ -325,9 +325,8 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
     /* First every row's tagged largest bound is rescored, one independent float64 dot product per
      * row, so that the scan below starts from an exact cosine (usually the winner): only documents
      * within the error bound of it are collected, rarely any. */
-    void const *q_rows[NK_ICE_ROWS], *d_rows[NK_ICE_ROWS];
-    unsigned which[NK_ICE_ROWS], n = 0;
-    uint64_t chosen[NK_ICE_ROWS];
+    nk_x512_batch_t batch;
+    batch.n = 0;
     for (uint64_t r = 0; r < rows; ++r) {
         thresholds[r] = -INFINITY, cuts[r] = -INFINITY;
         nk_x512_raise(group->best[r], group->offset[r], group->inv_scale[r], &thresholds[r], &cuts[r]);
@@ -338,14 +337,10 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
         float *upper = scores + r * NK_ICE_BLOCK_DOCS + doc;
         if (!(*upper >= cuts[r])) continue; /* (also when the block holds no live bound) */
         *upper = -INFINITY;                 /* rescored here, so never collected below */
-        chosen[n] = first_doc + (uint64_t)doc;
-        q_rows[n] = (char const *)q->values + (first_query + r) * row_bytes;
-        d_rows[n] = (char const *)d->values + chosen[n] * row_bytes;
-        if (d->cold) nk_x512_prefetch_row(d_rows[n], row_bytes);
-        which[n++] = (unsigned)r;
+        nk_x512_batch_add(&batch, q, d, first_query, row_bytes, (unsigned)r, first_doc + (uint64_t)doc);
+        if (d->cold) nk_x512_prefetch_row(batch.d_rows[batch.n - 1], row_bytes);
     }
-    nk_x512_rescore_batch(q, d, first_query, q_rows, d_rows, which, chosen, n, group->best, group->offset,
-                          group->inv_scale, thresholds, cuts);
+    nk_x512_rescore_batch(q, d, first_query, &batch, group->best, group->offset, group->inv_scale, thresholds, cuts);
     /* Then collect every row's candidates and, in a corpus (which does not fit in cache), prefetch
      * the stored row of each one's largest upper bound, so the misses of a whole group overlap.
      * (Prefetching every candidate fetches rows the float32 checks mostly never read.) */
@@ -399,7 +394,7 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
                 ++c;
             }
         }
-        n = 0;
+        batch.n = 0;
         unsigned kept = 0;
         for (unsigned a = 0; a < live; ++a) {
             unsigned r = active[a];
@@ -409,18 +404,15 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
                 counts[r] = 0;
                 continue;
             }
-            chosen[n] = first_doc + (uint64_t)list_doc[r][top];
-            q_rows[n] = (char const *)q->values + (first_query + r) * row_bytes;
-            d_rows[n] = (char const *)d->values + chosen[n] * row_bytes;
-            which[n++] = r;
+            nk_x512_batch_add(&batch, q, d, first_query, row_bytes, r, first_doc + (uint64_t)list_doc[r][top]);
             list_upper[r][top] = list_upper[r][last]; /* taken out of the list */
             list_doc[r][top] = list_doc[r][last];
             if (counts[r]) active[kept++] = r;
         }
         live = kept;
-        if (!n) break;
-        nk_x512_rescore_batch(q, d, first_query, q_rows, d_rows, which, chosen, n, group->best, group->offset,
-                              group->inv_scale, thresholds, cuts);
+        if (!batch.n) break;
+        nk_x512_rescore_batch(q, d, first_query, &batch, group->best, group->offset, group->inv_scale, thresholds,
+                              cuts);
     }
     for (uint64_t r = 0; r < rows; ++r) {
         uint64_t i = first_query + r, tile = next_tile[r];

@@ -338,9 +338,8 @@ static void nk_samx_raise_row(nk_samx_group_t *group, unsigned r) {
 static void nk_samx_block_tops(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows,
                                uint64_t first_doc, float *upper_block) {
     nk_maxsim_view_t const *q = context->q, *d = context->d;
-    void const *q_rows[16], *d_rows[16];
-    uint64_t docs[16];
-    unsigned which[16], n = 0;
+    nk_x512_batch_t batch;
+    batch.n = 0;
     for (unsigned r = 0; r < rows; ++r) {
         if (group->cut[r] == INFINITY) continue; /* takes no part */
         unsigned tile, lane;
@@ -349,14 +348,11 @@ static void nk_samx_block_tops(nk_samx_context_t const *context, nk_samx_group_t
         if (!(*upper >= group->cut[r])) continue; /* (also when the block holds no live bound) */
         *upper = -INFINITY;
         NK_SAMX_COUNT_RESCORE();
-        docs[n] = first_doc + 16 * tile + lane;
-        q_rows[n] = (char const *)q->values + (context->first_query + r) * context->row_bytes;
-        d_rows[n] = (char const *)d->values + docs[n] * context->row_bytes;
-        if (d->cold) nk_x512_prefetch_row(d_rows[n], context->row_bytes);
-        which[n++] = r;
+        nk_x512_batch_add(&batch, q, d, context->first_query, context->row_bytes, r, first_doc + 16 * tile + lane);
+        if (d->cold) nk_x512_prefetch_row(batch.d_rows[batch.n - 1], context->row_bytes);
     }
-    nk_x512_rescore_batch(q, d, context->first_query, q_rows, d_rows, which, docs, n, group->best, group->offset,
-                          group->inv_scale, group->threshold, group->cut);
+    nk_x512_rescore_batch(q, d, context->first_query, &batch, group->best, group->offset, group->inv_scale,
+                          group->threshold, group->cut);
 }
 
 /* The scan found candidates among the 16 documents at upper (block tile t) of row r. */
@@ -649,20 +645,17 @@ static void nk_samx_drain_row(nk_samx_context_t const *context, nk_samx_group_t 
  * dot products of different rows independent work. */
 static void nk_samx_rescore_round(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows) {
     nk_maxsim_view_t const *q = context->q, *d = context->d;
-    void const *q_rows[16], *d_rows[16];
-    uint64_t docs[16];
-    unsigned which[16], n = 0;
+    nk_x512_batch_t batch;
+    batch.n = 0;
     for (unsigned r = 0; r < rows; ++r) {
         if (!group->count[r]) continue;
         uint64_t doc = nk_samx_pop(group, r);
         if (doc == UINT64_MAX) continue;
         NK_SAMX_COUNT_RESCORE();
-        q_rows[n] = (char const *)q->values + (context->first_query + r) * context->row_bytes;
-        d_rows[n] = (char const *)d->values + doc * context->row_bytes;
-        docs[n] = doc, which[n++] = r;
+        nk_x512_batch_add(&batch, q, d, context->first_query, context->row_bytes, r, doc);
     }
-    nk_x512_rescore_batch(q, d, context->first_query, q_rows, d_rows, which, docs, n, group->best, group->offset,
-                          group->inv_scale, group->threshold, group->cut);
+    nk_x512_rescore_batch(q, d, context->first_query, &batch, group->best, group->offset, group->inv_scale,
+                          group->threshold, group->cut);
 }
 
 /* After the whole document matrix: every row's best candidate together, then each row's remaining
