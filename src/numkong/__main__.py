@@ -5,7 +5,7 @@ depth 128, rows drawn from a normal distribution with a few large outlier dimens
 embeddings have), and a few documents seeded with noisy copies of the query tokens so that the
 ranking has clear winners. Every available kernel family scores every document in float32 and in
 bfloat16 packing and is checked against a NumPy float64 reference computed on the same stored
-values. Exits 1 if any family is off by more than 1e-6 relative.
+values. Exits 1 if any family is off by more than 1e-12 relative (float64 accumulation rounding).
 """
 import contextlib
 import sys
@@ -21,7 +21,7 @@ DEPTH = 128
 QUERY_TOKENS = 32
 DOCUMENTS = 300
 RELEVANT = (17, 123, 256)  # documents that contain noisy copies of query tokens
-TOLERANCE = 1e-6  # relative, per document
+TOLERANCE = 1e-12  # relative, per document: float64 accumulation rounding, as the tests hold
 TIMED = 50  # documents per timing pass (every document is scored and checked)
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 
