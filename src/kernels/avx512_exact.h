@@ -356,6 +356,23 @@ NK_X512_INLINE void nk_x512_batch_add(nk_x512_batch_t *batch, nk_maxsim_view_t c
     batch->which[k] = r;
 }
 
+/* Queue row r's tagged largest bound of a block (`top`, its per-lane maxima) if it still reaches
+ * `cut`: the bound of document 16 tile + lane sits at upper_block[tile * tile_stride + r *
+ * row_stride + lane] and becomes -inf, so the scan that follows never collects it again. In a corpus
+ * (`cold` documents) its row is prefetched. Returns whether the pair was queued. */
+NK_X512_INLINE int nk_x512_queue_top(nk_x512_batch_t *batch, nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
+                                     uint64_t first_query, size_t row_bytes, unsigned r, __m512 top, float cut,
+                                     float *upper_block, size_t tile_stride, size_t row_stride, uint64_t first_doc) {
+    unsigned tile, lane;
+    nk_x512_tagged_top(top, &tile, &lane);
+    float *upper = upper_block + tile * tile_stride + r * row_stride + lane;
+    if (!(*upper >= cut)) return 0; /* (also when the block holds no live bound) */
+    *upper = -INFINITY;
+    nk_x512_batch_add(batch, q, d, first_query, row_bytes, r, first_doc + 16u * tile + lane);
+    if (d->cold) nk_x512_prefetch_row(batch->d_rows[batch->n - 1], row_bytes);
+    return 1;
+}
+
 /* Rescore the queued pairs with one batch of float64 dot products, independent work for the core to
  * overlap (a zero document row has cosine 0). Each cosine is taken into row which[k] of the per-row
  * arrays. */

@@ -35,7 +35,7 @@
  * Bounds are kept in units of the query's screening step s_q, so that only per-row constants
  * remain: with p_j = dot_j * s_d[j] (the estimate is s_q p_j), b = (1 + e_q) / s_q and
  * a = e_q + slack,
- *   UB_j = s_q (p_j + b e_j) + a,   LB_j = s_q (p_j - b e_j) - a.
+ *   UB_j = s_q (p_j + b e_j) + a.
  * The micro-kernel's epilogue stores p_j + b e_j and keeps, per lane, the largest of them tagged
  * with its tile (nk_x512_tag): the document that is rescored first. */
 
@@ -331,14 +331,8 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
         thresholds[r] = -INFINITY, cuts[r] = -INFINITY;
         nk_x512_raise(group->best[r], group->offset[r], group->inv_scale[r], &thresholds[r], &cuts[r]);
         if (q->inv_norms[first_query + r] == 0.0) continue;
-        unsigned tile, lane;
-        nk_x512_tagged_top(_mm512_load_ps(group->top[r]), &tile, &lane);
-        int32_t doc = (int32_t)(16u * tile + lane);
-        float *upper = scores + r * NK_ICE_BLOCK_DOCS + doc;
-        if (!(*upper >= cuts[r])) continue; /* (also when the block holds no live bound) */
-        *upper = -INFINITY;                 /* rescored here, so never collected below */
-        nk_x512_batch_add(&batch, q, d, first_query, row_bytes, (unsigned)r, first_doc + (uint64_t)doc);
-        if (d->cold) nk_x512_prefetch_row(batch.d_rows[batch.n - 1], row_bytes);
+        nk_x512_queue_top(&batch, q, d, first_query, row_bytes, (unsigned)r, _mm512_load_ps(group->top[r]), cuts[r],
+                          scores, NK_SCREEN_TILE, NK_ICE_BLOCK_DOCS, first_doc);
     }
     nk_x512_rescore_batch(q, d, first_query, &batch, group->best, group->offset, group->inv_scale, thresholds, cuts);
     /* Then collect every row's candidates and, in a corpus (which does not fit in cache), prefetch

@@ -342,14 +342,9 @@ static void nk_samx_block_tops(nk_samx_context_t const *context, nk_samx_group_t
     batch.n = 0;
     for (unsigned r = 0; r < rows; ++r) {
         if (group->cut[r] == INFINITY) continue; /* takes no part */
-        unsigned tile, lane;
-        nk_x512_tagged_top(_mm512_load_ps(group->top[r]), &tile, &lane);
-        float *upper = upper_block + 256 * tile + 16 * r + lane;
-        if (!(*upper >= group->cut[r])) continue; /* (also when the block holds no live bound) */
-        *upper = -INFINITY;
-        NK_SAMX_COUNT_RESCORE();
-        nk_x512_batch_add(&batch, q, d, context->first_query, context->row_bytes, r, first_doc + 16 * tile + lane);
-        if (d->cold) nk_x512_prefetch_row(batch.d_rows[batch.n - 1], context->row_bytes);
+        if (nk_x512_queue_top(&batch, q, d, context->first_query, context->row_bytes, r, _mm512_load_ps(group->top[r]),
+                              group->cut[r], upper_block, 256, 16, first_doc))
+            NK_SAMX_COUNT_RESCORE();
     }
     nk_x512_rescore_batch(q, d, context->first_query, &batch, group->best, group->offset, group->inv_scale,
                           group->threshold, group->cut);
@@ -398,7 +393,7 @@ static void nk_samx_scan_block(nk_samx_context_t const *context, nk_samx_group_t
     }
 }
 
-/* Before a block: keep list entries 32-bit and reset the per-lane maxima of l. */
+/* Before a block: keep list entries 32-bit and reset the tagged per-lane maxima of u. */
 static void nk_samx_start_block(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows,
                                 uint64_t first_doc, uint64_t docs) {
     if (first_doc + docs - group->list_base > UINT32_MAX) {
