@@ -94,6 +94,24 @@ def test_blocking_boundaries_match_reference(name, family, problem):
     assert_score_close(got, reference_maxsim(q, d, name), RTOL[name], f"{family.name.lower()} {name} {problem}")
 
 
+@pytest.mark.parametrize("depth", [64, 2048, 4100])
+@pytest.mark.parametrize("family", FAMILY_PARAMS)
+def test_e4m3_largest_values_over_long_rows(family, depth):
+    """e4m3 rows made of the format's largest values (+-448 and the next three codes) with random
+    signs: the integer dot products of the AVX-512 families come closest to their int32 lane limits
+    here, and rows longer than 2,048 elements cross their accumulation chunks."""
+    rng = np.random.default_rng(depth)
+    top_codes = np.array([448.0, 416.0, 384.0, 352.0])
+    q = rng.choice(top_codes, (4, depth)) * rng.choice([-1.0, 1.0], (4, depth))
+    d = rng.choice(top_codes, (40, depth)) * rng.choice([-1.0, 1.0], (40, depth))
+    # Each query's best match is itself with 2 % of the signs flipped: products mostly of one sign,
+    # the largest sums these dot products reach.
+    d[:4] = q * np.where(rng.random((4, depth)) < 0.02, -1.0, 1.0)
+    d[4] = 448.0
+    got = nk.maxsim(q, d, "e4m3", capabilities=family)
+    assert_score_close(got, reference_maxsim(q, d, "e4m3"), RTOL["e4m3"], f"{family.name.lower()} depth {depth}")
+
+
 @pytest.mark.parametrize("family", FAMILY_PARAMS)
 @pytest.mark.parametrize("name", dtype_params())
 def test_packed_path_equals_one_call_path(name, family):

@@ -47,13 +47,14 @@ static uint64_t nk_probe_cpu(void) {
     int avx2 = (ebx >> 5) & 1;
     int avx512f = (ebx >> 16) & 1, avx512dq = (ebx >> 17) & 1, avx512cd = (ebx >> 28) & 1;
     int avx512bw = (ebx >> 30) & 1, avx512vl = (ebx >> 31) & 1;
-    int vbmi2 = (ecx >> 6) & 1, vnni = (ecx >> 11) & 1, bitalg = (ecx >> 12) & 1, vpopcntdq = (ecx >> 14) & 1;
+    int vbmi = (ecx >> 1) & 1, vbmi2 = (ecx >> 6) & 1, vnni = (ecx >> 11) & 1, bitalg = (ecx >> 12) & 1;
+    int vpopcntdq = (ecx >> 14) & 1;
     if (avx2 && fma && f16c) caps |= nk_cap_haswell_k;
     int amx_tile = (edx >> 24) & 1, amx_int8 = (edx >> 25) & 1;
     int os_amx = (xcr0 & 0x60000) == 0x60000; /* XTILECFG and XTILEDATA */
     if (os_avx512 && avx512f && avx512cd && avx512bw && avx512dq && avx512vl) {
         caps |= nk_cap_skylake_k;
-        if (vnni && vbmi2 && bitalg && vpopcntdq) {
+        if (vnni && vbmi && vbmi2 && bitalg && vpopcntdq) {
             caps |= nk_cap_icelake_k;
             if (amx_tile && amx_int8 && os_amx && nk_request_amx()) caps |= nk_cap_sapphireamx_k;
         }

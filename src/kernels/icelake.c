@@ -1,4 +1,4 @@
-/* Ice Lake family: AVX-512 F/CD/BW/DQ/VL + VNNI.
+/* Ice Lake family: AVX-512 F/CD/BW/DQ/VL + VNNI (and VBMI, for the exact e4m3 dot products).
  *
  * Certified screening: an int8 VNNI GEMM estimates every cosine from the packed screening copy,
  * the proven error bound of maxsim_internal.h turns each estimate into an upper bound UB, each
@@ -416,7 +416,7 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
         /* Decode the query row once for its many candidates (float64 rows are used in place). */
         double const *decoded = NULL;
         if (q->dtype == nk_dtype_float64_k) decoded = (double const *)q_row;
-        else if (q->depth <= NK_ICE_DECODED_DEPTH && !nk_x512_is_fp6((int)q->dtype)) { /* fp6: integers, as stored */
+        else if (q->depth <= NK_ICE_DECODED_DEPTH && !nk_x512_is_integer((int)q->dtype)) { /* integers, as stored */
             nk_x512_decode_row((int)q->dtype, q_row, q->depth, decoded_query);
             decoded = decoded_query;
         }

@@ -612,8 +612,8 @@ static void nk_samx_drain_row(nk_samx_context_t const *context, nk_samx_group_t 
         if (doc == UINT64_MAX) break;
         double inv_d = context->d->inv_norms[doc], slack;
         int check = screen && group->best[r] > -INFINITY && inv_d != 0.0;
-        if (check && !decoded32 && context->q->dtype != nk_dtype_float32_k && !nk_x512_is_fp6((int)context->q->dtype) &&
-            context->q->depth <= NK_SAMX_DECODED_DEPTH) { /* fp6 rows are checked exactly, as stored */
+        if (check && !decoded32 && context->q->dtype != nk_dtype_float32_k && !nk_x512_is_integer((int)context->q->dtype) &&
+            context->q->depth <= NK_SAMX_DECODED_DEPTH) { /* integer formats: checked exactly, as stored */
             nk_x512_decode_f32((int)context->q->dtype, q_row, context->q->depth, context->decoded32);
             decoded32 = context->decoded32; /* a row with one check pays the same decoding either way */
         }
@@ -624,7 +624,7 @@ static void nk_samx_drain_row(nk_samx_context_t const *context, nk_samx_group_t 
                     slack <
                 group->best[r])
             continue; /* provably below the best exact cosine */
-        if (!decoded && exact++ && context->q->depth <= NK_SAMX_DECODED_DEPTH && !nk_x512_is_fp6((int)context->q->dtype)) {
+        if (!decoded && exact++ && context->q->depth <= NK_SAMX_DECODED_DEPTH && !nk_x512_is_integer((int)context->q->dtype)) {
             /* a second exact dot product: decode the query row once (float64 rows are used in place) */
             if (context->q->dtype == nk_dtype_float64_k) decoded = (double const *)q_row;
             else {

@@ -26,9 +26,9 @@ x86_64*)
             haswell) flags=(-mavx2 -mfma -mf16c) ;;
             skylake) flags=(-mavx2 -mfma -mf16c -mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl) ;;
             icelake) flags=(-mavx2 -mfma -mf16c -mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl
-                            -mavx512vnni -mavx512vbmi2 -mavx512bitalg -mavx512vpopcntdq) ;;
+                            -mavx512vnni -mavx512vbmi -mavx512vbmi2 -mavx512bitalg -mavx512vpopcntdq) ;;
             sapphireamx) flags=(-mavx2 -mfma -mf16c -mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl
-                                -mavx512vnni -mavx512vbmi2 -mavx512bitalg -mavx512vpopcntdq -mamx-tile -mamx-int8) ;;
+                                -mavx512vnni -mavx512vbmi -mavx512vbmi2 -mavx512bitalg -mavx512vpopcntdq -mamx-tile -mamx-int8) ;;
             esac
             compile "$family" "${flags[@]}"
             defines+=("-DNK_HAVE_${family^^}")

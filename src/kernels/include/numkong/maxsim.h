@@ -42,7 +42,7 @@ enum {
     nk_cap_serial_k = 1u << 0,
     nk_cap_haswell_k = 1u << 1,     /* AVX2 + FMA + F16C */
     nk_cap_skylake_k = 1u << 2,     /* AVX-512 F/CD/BW/DQ/VL */
-    nk_cap_icelake_k = 1u << 3,     /* + VNNI, VBMI2, BITALG, VPOPCNTDQ */
+    nk_cap_icelake_k = 1u << 3,     /* + VNNI, VBMI, VBMI2, BITALG, VPOPCNTDQ */
     nk_cap_sapphire_k = 1u << 4,    /* + AVX-512 FP16, BF16 (reserved) */
     nk_cap_sapphireamx_k = 1u << 5, /* + AMX (reserved) */
     nk_cap_neon_k = 1u << 6,        /* Arm Advanced SIMD + dotprod + fp16 */
