@@ -148,6 +148,14 @@ NK_X512_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b
  * whole sum (< 2^53) stays exact. Several times cheaper than decoding to floats. */
 #define NK_X512_FP6_CHUNK 4096u
 
+/* total + weight * (the 16 int32 lanes of `lanes`), in float64: exact while every partial sum stays
+ * below 2^53 (weight a power of two). How the integer dot products fold each chunk. */
+NK_X512_INLINE __m512d nk_x512_add_lanes_pd(__m512d total, __m512i lanes, double weight) {
+    __m512d scale = _mm512_set1_pd(weight);
+    total = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(lanes)), scale, total);
+    return _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(lanes, 1)), scale, total);
+}
+
 /* Magnitudes of the 32 codes without their sign bit, in units of the smallest subnormal. */
 static inline __m512i nk_x512_fp6_table(int dtype) {
     static int16_t const e2m3[32] __attribute__((aligned(64))) = {
@@ -194,9 +202,8 @@ NK_X512_INLINE double nk_x512_dot_fp6(int dtype, void const *a, void const *b, u
             b0 = _mm512_mask_sub_epi16(b0, negative_a ^ negative_b, _mm512_setzero_si512(), b0);
             sum0 = _mm512_add_epi32(sum0, _mm512_madd_epi16(a0, b0));
         }
-        __m512i sum = _mm512_add_epi32(sum0, sum1); /* at most 2 * 448^2 * 2,048: no overflow */
-        total = _mm512_add_pd(total, _mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)));
-        total = _mm512_add_pd(total, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1)));
+        /* at most 2 * 448^2 * 2,048 per lane: no overflow */
+        total = nk_x512_add_lanes_pd(total, _mm512_add_epi32(sum0, sum1), 1.0);
     }
     double unit = dtype == nk_dtype_e2m3_k ? 0x1p-6 : 0x1p-8; /* the square of the unit */
     return _mm512_reduce_add_pd(total) * unit;
@@ -266,11 +273,7 @@ NK_X512_INLINE double nk_x512_dot_e4m3(void const *a, void const *b, uint64_t de
         __m512i low = _mm512_add_epi32(acc[0], _mm512_slli_epi32(acc[1], 6));
         __m512i high = _mm512_add_epi32(_mm512_add_epi32(acc[2], _mm512_slli_epi32(acc[3], 6)),
                                         _mm512_slli_epi32(acc[4], 12));
-        __m512d weight = _mm512_set1_pd(4096.0);
-        total = _mm512_add_pd(total, _mm512_cvtepi32_pd(_mm512_castsi512_si256(low)));
-        total = _mm512_add_pd(total, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(low, 1)));
-        total = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(high)), weight, total);
-        total = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(high, 1)), weight, total);
+        total = nk_x512_add_lanes_pd(nk_x512_add_lanes_pd(total, low, 1.0), high, 4096.0);
     }
     return _mm512_reduce_add_pd(total) * 0x1p-18; /* the square of the unit */
 }
