@@ -16,7 +16,9 @@ pre-normalized float32 rows; torch the same in its dtype; maxsim-cpu its maxsim_
 --anchor-python runs this same file as a worker (`--worker`) under another interpreter whose
 `numkong` is timed as a black box through the same public names (maxsim_pack / maxsim_packed);
 rounds alternate between ours and the anchor and the best of each is kept. A dtype the anchor does
-not handle shows as n/a.
+not handle shows as n/a. Each round of a shape times every dtype and implementation once, so that
+ratios between dtypes (fp8 / fp6 against bfloat16) and against the anchor come from the same rounds
+rather than from moments seconds apart on a shared host.
 
 --cpu-class icelake (or skylake, haswell) limits both numkong builds to the kernel families such a
 CPU has (both packages name them the same way), e.g. to measure on an AMX machine what a CPU with
@@ -77,7 +79,7 @@ def worker():
     """Answer JSON requests, one a line on stdin, with one JSON line each on stdout."""
     import numkong as nk
 
-    packed = None
+    packed = {}  # dtype -> the packed operands
     for line in sys.stdin:
         request = json.loads(line)
         try:
@@ -93,10 +95,11 @@ def worker():
             elif request["op"] == "pack":
                 operands = [nk.maxsim_pack(_anchor_cast(nk, np.load(request[key]), request["dtype"]),
                                            dtype=request["dtype"]) for key in ("queries", "documents")]
-                packed = operands
+                packed[request["dtype"]] = operands
                 reply = {"score": float(nk.maxsim_packed(*operands)), "nbytes": [p.nbytes for p in operands]}
             elif request["op"] == "time":
-                reply = {"seconds": per_call_seconds(lambda: nk.maxsim_packed(*packed), request["target"])}
+                operands = packed[request["dtype"]]
+                reply = {"seconds": per_call_seconds(lambda: nk.maxsim_packed(*operands), request["target"])}
             else:
                 reply = {"error": f"unknown op {request['op']!r}"}
         except Exception as error:  # reported as n/a by the caller
@@ -226,7 +229,7 @@ def implementations(queries, documents, dtype, families, anchor):
     impls = {name: (f(), lambda target, f=f: per_call_seconds(f, target)) for name, f in functions.items()}
     if anchor:
         reply = anchor.pack(*(m.astype(np.float32) for m in (queries, documents)), dtype)
-        timer = lambda target: anchor.ask(op="time", target=target)["seconds"]  # noqa: E731
+        timer = lambda target: anchor.ask(op="time", dtype=dtype, target=target)["seconds"]  # noqa: E731
         impls[f"numkong {anchor.info['version']}"] = (reply["score"], timer) if "score" in reply else (None, reply["error"])
     return impls
 
@@ -301,23 +304,27 @@ def run(args):
             raw_q = rng.standard_normal((count_q, depth), dtype=np.float32)
             raw_d = rng.standard_normal((count_d, depth), dtype=np.float32)
             label = "x".join(map(str, shape))
+            cases = {}  # dtype -> (reference score, implementations)
             for dtype in DTYPES:
                 queries, documents = stored(raw_q, dtype), stored(raw_d, dtype)
-                expected = reference(queries, documents)
-                impls = implementations(queries, documents, dtype, families, anchor)
-                best = {name: float("inf") for name, (score, _) in impls.items() if score is not None}
-                for _ in range(rounds):  # interleaved: every implementation once per round, best kept
-                    for name in best:
-                        best[name] = min(best[name], impls[name][1](target))
+                cases[dtype] = (reference(queries, documents),
+                                implementations(queries, documents, dtype, families, anchor))
+            best = {(dtype, name): float("inf") for dtype, (_, impls) in cases.items()
+                    for name, (score, _) in impls.items() if score is not None}
+            for _ in range(rounds):  # interleaved: every dtype and implementation once per round, best kept
+                for dtype, name in best:
+                    best[dtype, name] = min(best[dtype, name], cases[dtype][1][name][1](target))
+            for dtype, (expected, impls) in cases.items():
                 for name, (score, timer) in impls.items():
                     record = {"shape": list(shape), "dtype": dtype, "impl": name}
                     if score is None:
                         record["error"] = timer
                         print(f"{label:<16} {dtype:<9} {name:<18} {'n/a':>11}")
                     else:
-                        seconds = best[name]
+                        seconds = best[dtype, name]
                         record.update(us=seconds * 1e6, gsops=2 * count_q * count_d * depth / seconds / 1e9,
-                                      ratio=seconds / best["numkong"], rel_error=abs(score - expected) / expected)
+                                      ratio=seconds / best[dtype, "numkong"],
+                                      rel_error=abs(score - expected) / expected)
                         print(f"{label:<16} {dtype:<9} {name:<18} {record['us']:>11.2f} {record['gsops']:>8.1f} "
                               f"{record['ratio']:>7.2f} {record['rel_error']:>9.1e}")
                     records.append(record)
