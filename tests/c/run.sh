@@ -21,15 +21,13 @@ compile serial -fno-tree-vectorize
 case "$("$cc" -dumpmachine)" in
 x86_64*)
     for family in haswell skylake icelake sapphireamx; do
+        case "$family" in # each family's flags extend the previous one's, as in meson.build
+        haswell) flags=(-mavx2 -mfma -mf16c) ;;
+        skylake) flags+=(-mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl) ;;
+        icelake) flags+=(-mavx512vnni -mavx512vbmi -mavx512vbmi2 -mavx512bitalg -mavx512vpopcntdq) ;;
+        sapphireamx) flags+=(-mamx-tile -mamx-int8) ;;
+        esac
         if [ -f "$root/src/kernels/$family.c" ]; then
-            case "$family" in
-            haswell) flags=(-mavx2 -mfma -mf16c) ;;
-            skylake) flags=(-mavx2 -mfma -mf16c -mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl) ;;
-            icelake) flags=(-mavx2 -mfma -mf16c -mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl
-                            -mavx512vnni -mavx512vbmi -mavx512vbmi2 -mavx512bitalg -mavx512vpopcntdq) ;;
-            sapphireamx) flags=(-mavx2 -mfma -mf16c -mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl
-                                -mavx512vnni -mavx512vbmi -mavx512vbmi2 -mavx512bitalg -mavx512vpopcntdq -mamx-tile -mamx-int8) ;;
-            esac
             compile "$family" "${flags[@]}"
             defines+=("-DNK_HAVE_${family^^}")
         fi
