@@ -221,7 +221,9 @@ NK_X512_INLINE double nk_x512_dot_fp6(int dtype, void const *a, void const *b, u
  * units^2) stays exact. About two thirds of the cost of decoding to floats at depth 128, half at 768;
  * rows shorter than one step (64) are decoded instead. */
 #define NK_X512_E4M3_CHUNK 2048u
-#define NK_X512_E4M3_UNITS(c) ((c) >> 3 ? (8 + ((c) & 7)) << (((c) >> 3) - 1) : (c) & 7)
+/* Magnitude code c in units: (8 + mantissa) << (exponent - 1), or the mantissa alone when the
+ * exponent field is 0. The shift count is never negative, not even in the arm not taken. */
+#define NK_X512_E4M3_UNITS(c) ((((c) & 7) + ((c) >> 3 ? 8 : 0)) << ((c) >> 3 ? ((c) >> 3) - 1 : 0))
 #define NK_X512_E4M3_DIGIT(c, i) ((NK_X512_E4M3_UNITS(c) >> (6 * (i))) & 63)
 #define NK_X512_E4M3_DIGITS8(c, i) \
     NK_X512_E4M3_DIGIT(c, i), NK_X512_E4M3_DIGIT(c + 1, i), NK_X512_E4M3_DIGIT(c + 2, i), \
