@@ -32,6 +32,24 @@ def test_stub_class_members_exist_at_runtime():
         for item in node.body if isinstance(item, ast.Assign) for target in item.targets}
 
 
+def test_stub_all_matches_runtime():
+    for node in _stub_tree().body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["__all__"]:
+            assert ast.literal_eval(node.value) == nk.__all__
+            return
+    raise AssertionError("__init__.pyi declares no __all__")
+
+
+def test_packed_classes_expose_exactly_the_stubbed_members():
+    # Cython `cdef readonly` fields become Python attributes: one that is not in the stub (and the
+    # spec) would be public API by accident.
+    for node in _stub_tree().body:
+        if isinstance(node, ast.ClassDef) and node.name.startswith("MaxSimPacked"):
+            stubbed = {item.name for item in node.body if isinstance(item, ast.FunctionDef)}
+            runtime = {name for name in dir(getattr(nk, node.name)) if not name.startswith("_")}
+            assert runtime == {name for name in stubbed if not name.startswith("_")}, node.name
+
+
 def test_stub_signatures_match_runtime_parameters():
     import inspect
     for node in _stub_tree().body:

@@ -63,8 +63,9 @@ cdef class MaxSimPackedMatrix:
     cdef readonly uint64_t vectors
     cdef readonly uint64_t depth
     cdef readonly uint64_t nbytes
-    cdef readonly uint32_t dtype_code
-    cdef readonly uint64_t packed_capabilities
+    # C-level only (Python reads .dtype and .capabilities): an nk_dtype_t and the packing mask.
+    cdef uint32_t dtype_code
+    cdef uint64_t packed_capabilities
     cdef Py_ssize_t _buffer_shape[1]
     cdef Py_ssize_t _buffer_strides[1]
 
@@ -80,8 +81,8 @@ cdef class MaxSimPackedCorpus:
     cdef readonly uint64_t depth
     cdef readonly uint64_t total_vectors
     cdef readonly uint64_t nbytes
-    cdef readonly uint32_t dtype_code
-    cdef readonly uint64_t packed_capabilities
+    cdef uint32_t dtype_code  # C-level only, as in MaxSimPackedMatrix
+    cdef uint64_t packed_capabilities
     cdef Py_ssize_t _buffer_shape[1]
     cdef Py_ssize_t _buffer_strides[1]
 
