@@ -6,24 +6,6 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
-__all__ = [
-    "Capability",
-    "MaxSimPackedCorpus",
-    "MaxSimPackedMatrix",
-    "bfloat16",
-    "float16",
-    "float6_e2m3",
-    "float6_e3m2",
-    "float8_e4m3",
-    "float8_e5m2",
-    "get_capabilities",
-    "get_include",
-    "maxsim",
-    "maxsim_pack",
-    "maxsim_pack_corpus",
-    "maxsim_packed",
-    "maxsim_packed_corpus",
-]
 
 _FloatTypeName = Literal[
     "float64", "f64", "float32", "f32", "float16", "f16", "bfloat16", "bf16",
