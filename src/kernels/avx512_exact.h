@@ -286,23 +286,6 @@ static inline int nk_x512_is_integer(int dtype) {
     return dtype == nk_dtype_e4m3_k || dtype == nk_dtype_e2m3_k || dtype == nk_dtype_e3m2_k;
 }
 
-/* Dot product of two stored rows. */
-static inline double nk_x512_dot_stored(int dtype, void const *a, void const *b, uint64_t depth) {
-    switch (dtype) {
-    case nk_dtype_float64_k: return nk_x512_dot_kernel(nk_dtype_float64_k, a, nk_dtype_float64_k, b, depth);
-    case nk_dtype_float32_k: return nk_x512_dot_kernel(nk_dtype_float32_k, a, nk_dtype_float32_k, b, depth);
-    case nk_dtype_bfloat16_k: return nk_x512_dot_kernel(nk_dtype_bfloat16_k, a, nk_dtype_bfloat16_k, b, depth);
-    case nk_dtype_float16_k: return nk_x512_dot_halves(nk_dtype_float16_k, a, b, depth);
-#define NK_X512_HALVES(format) nk_x512_dot_halves(format, a, b, depth) * nk_x512_product_scale(format)
-    case nk_dtype_e4m3_k: return nk_x512_dot_e4m3(a, b, depth);
-    case nk_dtype_e5m2_k: return NK_X512_HALVES(nk_dtype_e5m2_k);
-    case nk_dtype_e2m3_k: return nk_x512_dot_fp6(nk_dtype_e2m3_k, a, b, depth);
-    case nk_dtype_e3m2_k: return nk_x512_dot_fp6(nk_dtype_e3m2_k, a, b, depth);
-#undef NK_X512_HALVES
-    default: return 0.0;
-    }
-}
-
 /* Dot product of a decoded (float64, unscaled) query row with a stored document row. */
 static inline double nk_x512_dot_decoded(int dtype, double const *a, void const *b, uint64_t depth) {
     switch (dtype) {
@@ -344,6 +327,13 @@ static inline void nk_x512_dot_batch(int dtype, void const *const *a, void const
     default:
         for (unsigned k = 0; k < n; ++k) out[k] = 0.0;
     }
+}
+
+/* Dot product of two stored rows: a batch of one, so each format's dot product is named once. */
+static inline double nk_x512_dot_stored(int dtype, void const *a, void const *b, uint64_t depth) {
+    double dot;
+    nk_x512_dot_batch(dtype, &a, &b, 1, depth, &dot);
+    return dot;
 }
 
 /* Decode a stored row into float64 (unscaled), padded with zeros to a multiple of 16. */
