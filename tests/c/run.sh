@@ -20,15 +20,11 @@ compile() { # name flags...
 compile serial -fno-tree-vectorize
 case "$("$cc" -dumpmachine)" in
 x86_64*)
+    source "$here/x86_flags.sh"
     for family in haswell skylake icelake sapphireamx; do
-        case "$family" in # each family's flags extend the previous one's, as in meson.build
-        haswell) flags=(-mavx2 -mfma -mf16c) ;;
-        skylake) flags+=(-mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl) ;;
-        icelake) flags+=(-mavx512vnni -mavx512vbmi -mavx512vbmi2 -mavx512bitalg -mavx512vpopcntdq) ;;
-        sapphireamx) flags+=(-mamx-tile -mamx-int8) ;;
-        esac
         if [ -f "$root/src/kernels/$family.c" ]; then
-            compile "$family" "${flags[@]}"
+            flags="x86_$family[@]"
+            compile "$family" "${!flags}"
             defines+=("-DNK_HAVE_${family^^}")
         fi
     done ;;

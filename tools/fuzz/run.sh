@@ -13,8 +13,8 @@ cc="$(command -v clang || command -v clang-14 || true)"
 out="$(mktemp -d)"
 flags=(-g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$root/src/kernels" -I"$root/src/kernels/include")
-x86=(-mavx2 -mfma -mf16c -mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl
-     -mavx512vnni -mavx512vbmi -mavx512vbmi2 -mavx512bitalg -mavx512vpopcntdq -mamx-tile -mamx-int8)
+source "$root/tests/c/x86_flags.sh"
+x86=("${x86_sapphireamx[@]}") # every family's flags, for every source
 sources=(serial capabilities corpus dispatch pack)
 defines=()
 for family in ${FAMILIES:-haswell skylake icelake sapphireamx}; do
