@@ -49,16 +49,19 @@ typedef struct nk_ice_group {
     double best[NK_ICE_ROWS];        /* best exact cosine so far */
 } nk_ice_group_t;
 
-/* Documents of `tiles` adjacent 16-row tiles (tiles `tile_stride` bytes apart, depth groups
- * `vector_stride` bytes apart, `lanes` the rows present in each tile; the first is tile
- * `first_tile` of the block) against the 8 query rows, over `groups` depth groups. Partial sums live
+/* Documents of `tiles` adjacent 16-row tiles (full tiles `tile_stride` bytes apart, 64 bytes per
+ * depth group; the first is tile `first_tile` of the block) against the 8 query rows, over `groups`
+ * depth groups. With partial_rows > 0 the last tile is instead the matrix's partial one at `partial`
+ * (4 partial_rows bytes per depth group), sharing the call's broadcasts. Partial sums live
  * in scores[r * NK_ICE_BLOCK_DOCS + 16 t + lane] between depth chunks (`accumulate`); on the last
  * chunk (`finish`) the epilogue turns them into upper bounds (-inf at absent lanes) and raises
  * group->top. */
 NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t groups, uint8_t const *doc,
-                                       uint64_t tile_stride, uint64_t vector_stride, __mmask16 lanes, int const tiles,
-                                       int accumulate, int finish, float *scores, nk_ice_group_t *group,
-                                       float const *scales_d, float const *errors_d, unsigned first_tile) {
+                                       uint64_t tile_stride, uint8_t const *partial, unsigned partial_rows,
+                                       int const tiles, int accumulate, int finish, float *scores,
+                                       nk_ice_group_t *group, float const *scales_d, float const *errors_d,
+                                       unsigned first_tile) {
+    __mmask16 last_lanes = partial_rows ? (__mmask16)((1u << partial_rows) - 1u) : (__mmask16)0xFFFF;
     __m512i acc[NK_ICE_ROWS][NK_ICE_TILES];
 #pragma GCC unroll 8
     for (int r = 0; r < NK_ICE_ROWS; ++r)
@@ -66,10 +69,12 @@ NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t gro
         for (int t = 0; t < tiles; ++t)
             acc[r][t] = accumulate ? _mm512_load_si512(scores + (unsigned)r * NK_ICE_BLOCK_DOCS + 16u * (unsigned)t)
                                    : _mm512_set1_epi32(-group->bias[r]); /* start at minus the query bias */
-    for (uint64_t g = 0; g < groups; ++g, doc += vector_stride, query_groups += NK_ICE_ROWS) {
+    for (uint64_t g = 0; g < groups; ++g, doc += 64, partial += 4 * partial_rows, query_groups += NK_ICE_ROWS) {
         __m512i doc_bytes[NK_ICE_TILES];
 #pragma GCC unroll 4
-        for (int t = 0; t < tiles; ++t) doc_bytes[t] = _mm512_maskz_loadu_epi32(lanes, doc + (uint64_t)t * tile_stride);
+        for (int t = 0; t < tiles; ++t)
+            doc_bytes[t] = partial_rows && t == tiles - 1 ? _mm512_maskz_loadu_epi32(last_lanes, partial)
+                                                          : _mm512_loadu_si512(doc + (uint64_t)t * tile_stride);
 #pragma GCC unroll 8
         for (int r = 0; r < NK_ICE_ROWS; ++r) {
             __m512i query = _mm512_set1_epi32(query_groups[r]);
@@ -92,6 +97,7 @@ NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t gro
         __m512 top = _mm512_load_ps(group->top[r]);
 #pragma GCC unroll 4
         for (int t = 0; t < tiles; ++t) {
+            __mmask16 lanes = t == tiles - 1 ? last_lanes : (__mmask16)0xFFFF;
             __m512 estimate = _mm512_cvtepi32_ps(acc[r][t]);
             __m512 p = _mm512_mul_ps(estimate, _mm512_maskz_loadu_ps(lanes, scales_d + 16 * t));
             __m512 error_d = _mm512_maskz_loadu_ps(lanes, errors_d + 16 * t);
@@ -102,6 +108,22 @@ NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t gro
         }
         _mm512_store_ps(group->top[r], top);
     }
+}
+
+/* nk_ice_screen_tiles for a count of 1-3 tiles known only at run time. */
+NK_ICE_INLINE void nk_ice_screen_rest(int32_t const *query_groups, uint64_t groups, uint8_t const *doc,
+                                      uint64_t tile_stride, uint8_t const *partial, unsigned partial_rows, int tiles,
+                                      int accumulate, int finish, float *scores, nk_ice_group_t *group,
+                                      float const *scales_d, float const *errors_d, unsigned first_tile) {
+    if (tiles == 3)
+        nk_ice_screen_tiles(query_groups, groups, doc, tile_stride, partial, partial_rows, 3, accumulate, finish,
+                            scores, group, scales_d, errors_d, first_tile);
+    else if (tiles == 2)
+        nk_ice_screen_tiles(query_groups, groups, doc, tile_stride, partial, partial_rows, 2, accumulate, finish,
+                            scores, group, scales_d, errors_d, first_tile);
+    else
+        nk_ice_screen_tiles(query_groups, groups, doc, tile_stride, partial, partial_rows, 1, accumulate, finish,
+                            scores, group, scales_d, errors_d, first_tile);
 }
 
 /* The matrix's last tile when it holds m <= 4 rows (stored 4 m bytes per depth group). Lanes pair
@@ -201,28 +223,29 @@ static void nk_ice_screen_block(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
         uint64_t groups = total_groups - g0 < NK_ICE_CHUNK_GROUPS ? total_groups - g0 : NK_ICE_CHUNK_GROUPS;
         int accumulate = g0 != 0, finish = g0 + groups == total_groups;
         if (!query_groups_ready) nk_ice_load_query_groups(q, first_query, g0, groups, query_groups);
-        uint64_t t = 0;
-        for (; t + NK_ICE_TILES <= full_tiles; t += NK_ICE_TILES)
-            nk_ice_screen_tiles(query_groups, groups, block + t * tile_stride + g0 * 64, tile_stride, 64, 0xFFFF,
-                                NK_ICE_TILES, accumulate, finish, scores + t * 16, group, scales_d + t * 16,
-                                errors_d + t * 16, (unsigned)t);
-        if (full_tiles - t == 2)
-            nk_ice_screen_tiles(query_groups, groups, block + t * tile_stride + g0 * 64, tile_stride, 64, 0xFFFF, 2,
+        /* Calls of 3 tiles, then one of the 1-3 left. A partial last tile of more than 4 rows is the
+         * last tile of that call; one of at most 4 rows is screened on its own. */
+        uint8_t const *chunk = block + g0 * 64, *partial = block + full_tiles * tile_stride + g0 * 4 * partial_rows;
+        unsigned merged = partial_rows > 4 ? (unsigned)partial_rows : 0u;
+        uint64_t tiles = full_tiles + (merged != 0), t = 0;
+        for (; t + NK_ICE_TILES + (merged != 0) <= tiles; t += NK_ICE_TILES)
+            nk_ice_screen_tiles(query_groups, groups, chunk + t * tile_stride, tile_stride, chunk, 0, NK_ICE_TILES,
                                 accumulate, finish, scores + t * 16, group, scales_d + t * 16, errors_d + t * 16,
                                 (unsigned)t);
-        else if (full_tiles - t == 1)
-            nk_ice_screen_tiles(query_groups, groups, block + t * tile_stride + g0 * 64, tile_stride, 64, 0xFFFF, 1,
-                                accumulate, finish, scores + t * 16, group, scales_d + t * 16, errors_d + t * 16,
-                                (unsigned)t);
-        if (partial_rows && partial_rows <= 4)
-            nk_ice_screen_partial(query_groups, groups, block + full_tiles * tile_stride + g0 * 4 * partial_rows,
-                                  (unsigned)partial_rows, accumulate, finish, scores + full_tiles * 16, group,
-                                  scales_d + full_tiles * 16, errors_d + full_tiles * 16, (unsigned)full_tiles);
-        else if (partial_rows) /* the last tile of the whole matrix: rows packed 4 * partial_rows apart */
-            nk_ice_screen_tiles(query_groups, groups, block + full_tiles * tile_stride + g0 * 4 * partial_rows, 0,
-                                4 * partial_rows, (__mmask16)((1u << partial_rows) - 1u), 1, accumulate, finish,
-                                scores + full_tiles * 16, group, scales_d + full_tiles * 16,
-                                errors_d + full_tiles * 16, (unsigned)full_tiles);
+        if (t < tiles) {
+            if (merged)
+                nk_ice_screen_rest(query_groups, groups, chunk + t * tile_stride, tile_stride, partial, merged,
+                                   (int)(tiles - t), accumulate, finish, scores + t * 16, group, scales_d + t * 16,
+                                   errors_d + t * 16, (unsigned)t);
+            else
+                nk_ice_screen_rest(query_groups, groups, chunk + t * tile_stride, tile_stride, chunk, 0,
+                                   (int)(tiles - t), accumulate, finish, scores + t * 16, group, scales_d + t * 16,
+                                   errors_d + t * 16, (unsigned)t);
+        }
+        if (partial_rows && !merged)
+            nk_ice_screen_partial(query_groups, groups, partial, (unsigned)partial_rows, accumulate, finish,
+                                  scores + full_tiles * 16, group, scales_d + full_tiles * 16,
+                                  errors_d + full_tiles * 16, (unsigned)full_tiles);
     }
 }
 
