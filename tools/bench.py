@@ -27,7 +27,9 @@ corpus run is limited too), the anchor through its disable_capability().
 
 Accuracy is |score - reference| / reference, the reference being float64 MaxSim on the values as
 stored in the packing dtype (operands are handed over already in that dtype, so nothing is rounded
-twice). Ratios are time / time of ours: above 1 means slower than ours.
+twice). Ratios are time / time of ours: above 1 means slower than ours. `t/ours` divides the best
+times; `paired` is the median over rounds of the same division within each round (also in the JSON,
+with every round's time), which a host whose speed drifts between rounds disturbs less.
 """
 import os
 
@@ -62,6 +64,12 @@ def per_call_seconds(function, target):
         if elapsed >= target:
             return elapsed / calls
         calls = max(2 * calls, int(calls * 1.2 * target / max(elapsed, 1e-9)))
+
+
+def paired_ratio(seconds, baseline):
+    """Median over rounds of seconds[r] / baseline[r]: each round's two timings are seconds apart at most,
+    so a host that speeds up or slows down between rounds moves both alike."""
+    return float(np.median(np.asarray(seconds) / np.asarray(baseline)))
 
 
 # ---- the worker: runs under the anchor's interpreter, needs only numpy and that numkong ----
@@ -296,7 +304,8 @@ def run(args):
     families = [c for c in nk.Capability if nk.get_capabilities("available") & c] if args.families else []
 
     records = []
-    print(f"\n{'shape QxDxdepth':<16} {'dtype':<9} {'impl':<18} {'us':>11} {'GSO/s':>8} {'t/ours':>7} {'rel err':>9}")
+    print(f"\n{'shape QxDxdepth':<16} {'dtype':<9} {'impl':<18} {'us':>11} {'GSO/s':>8} {'t/ours':>7} {'paired':>7} "
+          f"{'rel err':>9}")
     with limits:
         for shape in SHAPES:
             count_q, count_d, depth = shape
@@ -309,11 +318,11 @@ def run(args):
                 queries, documents = stored(raw_q, dtype), stored(raw_d, dtype)
                 cases[dtype] = (reference(queries, documents),
                                 implementations(queries, documents, dtype, families, anchor))
-            best = {(dtype, name): float("inf") for dtype, (_, impls) in cases.items()
-                    for name, (score, _) in impls.items() if score is not None}
-            for _ in range(rounds):  # interleaved: every dtype and implementation once per round, best kept
-                for dtype, name in best:
-                    best[dtype, name] = min(best[dtype, name], cases[dtype][1][name][1](target))
+            times = {(dtype, name): [] for dtype, (_, impls) in cases.items()
+                     for name, (score, _) in impls.items() if score is not None}
+            for _ in range(rounds):  # interleaved: every dtype and implementation once per round
+                for dtype, name in times:
+                    times[dtype, name].append(cases[dtype][1][name][1](target))
             for dtype, (expected, impls) in cases.items():
                 for name, (score, timer) in impls.items():
                     record = {"shape": list(shape), "dtype": dtype, "impl": name}
@@ -321,13 +330,21 @@ def run(args):
                         record["error"] = timer
                         print(f"{label:<16} {dtype:<9} {name:<18} {'n/a':>11}")
                     else:
-                        seconds = best[dtype, name]
+                        seconds, ours = min(times[dtype, name]), times[dtype, "numkong"]
                         record.update(us=seconds * 1e6, gsops=2 * count_q * count_d * depth / seconds / 1e9,
-                                      ratio=seconds / best[dtype, "numkong"],
+                                      ratio=seconds / min(ours), paired_ratio=paired_ratio(times[dtype, name], ours),
+                                      rounds_us=[t * 1e6 for t in times[dtype, name]],
                                       rel_error=abs(score - expected) / expected)
                         print(f"{label:<16} {dtype:<9} {name:<18} {record['us']:>11.2f} {record['gsops']:>8.1f} "
-                              f"{record['ratio']:>7.2f} {record['rel_error']:>9.1e}")
+                              f"{record['ratio']:>7.2f} {record['paired_ratio']:>7.2f} {record['rel_error']:>9.1e}")
                     records.append(record)
+            bf16 = times["bfloat16", "numkong"]
+            summary = []
+            for dtype in DTYPES:
+                if dtype != "bfloat16":
+                    ours = times[dtype, "numkong"]
+                    summary.append(f"{dtype} {min(ours) / min(bf16):.2f} {paired_ratio(ours, bf16):.2f}")
+            print(f"{label:<16} numkong time / bfloat16's (best, paired): {', '.join(summary)}")
     sizes = packed_sizes(anchor)
     if anchor:
         anchor.close()
@@ -353,7 +370,7 @@ def main():
     parser.add_argument("--json", help="write every figure to this JSON file")
     parser.add_argument("--quick", action="store_true", help="a short run: 2 rounds of 3 ms each")
     parser.add_argument("--families", action="store_true", help="also time each available kernel family")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (best kept)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case")
     parser.add_argument("--target", type=float, default=0.02, help="seconds of calls per timing")
     parser.add_argument("--cpu", type=int, help="CPU to pin to (default: the first one allowed)")
     parser.add_argument("--cpu-class", choices=CPU_CLASSES[1:],
