@@ -20,11 +20,11 @@ compile() { # name flags...
 compile serial -fno-tree-vectorize
 case "$("$cc" -dumpmachine)" in
 x86_64*)
-    source "$here/x86_flags.sh"
+    source "$here/family_flags.sh"
     for family in haswell skylake icelake sapphireamx; do
         if [ -f "$root/src/kernels/$family.c" ]; then
-            flags="x86_$family[@]"
-            compile "$family" "${!flags}"
+            mapfile -t flags < <(family_flags "$family")
+            compile "$family" "${flags[@]}"
             defines+=("-DNK_HAVE_${family^^}")
         fi
     done ;;

@@ -34,9 +34,12 @@ compile() { # name flags...
     "$cc" "${common[@]}" "$@" -c "$root/src/kernels/$name.c" -o "$out/$name.o"
     objects+=("$out/$name.o")
 }
+source "$here/family_flags.sh"
 compile serial -fno-tree-vectorize
-compile neon -march=armv8.2-a+dotprod+fp16
-compile sve -march=armv8.2-a+sve
+for family in neon sve; do
+    mapfile -t flags < <(family_flags "$family")
+    compile "$family" "${flags[@]}"
+done
 for base in capabilities dispatch pack; do compile "$base" "${defines[@]}"; done
 # Static, so qemu-aarch64 needs no aarch64 sysroot.
 "$cc" "${common[@]}" "${defines[@]}" -static "$here/check_kernels.c" "${objects[@]}" -lm -o "$out/check_kernels"

@@ -13,8 +13,8 @@ cc="$(command -v clang || command -v clang-14 || true)"
 out="$(mktemp -d)"
 flags=(-g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$root/src/kernels" -I"$root/src/kernels/include")
-source "$root/tests/c/x86_flags.sh"
-x86=("${x86_sapphireamx[@]}") # every family's flags, for every source
+source "$root/tests/c/family_flags.sh"
+mapfile -t x86 < <(family_flags sapphireamx) # every x86 family's flags, for every source
 sources=(serial capabilities corpus dispatch pack)
 defines=()
 for family in ${FAMILIES:-haswell skylake icelake sapphireamx}; do
