@@ -6,7 +6,7 @@ vs a 1,000-document corpus) then runs in a fresh, unpinned process on 1 and on a
 maxsim-cpu's maxsim_scores_variable (which uses all cores).
 
     python tools/bench.py [--quick] [--json PATH] [--families] [--anchor-python PATH/TO/python]
-                          [--cpu-class icelake]
+                          [--cpu-class icelake] [--datasets N]
 
 Pairs run on one thread pinned to one CPU. For numkong the timed call is maxsim_packed() on
 pre-packed operands (what a reranker does per query and document); NumPy is matmul + max + sum on
@@ -20,6 +20,12 @@ not handle shows as n/a. Each round of a shape times every dtype and implementat
 ratios between dtypes (fp8 / fp6 against bfloat16) and against the anchor come from the same rounds
 rather than from moments seconds apart on a shared host.
 
+--datasets N (default 4) times each case on N random normal data sets of the shape (seeds
+[Q, D, depth] and [Q, D, depth, k] for k = 1 .. N - 1) and reports the mean of their times per call,
+each set timed on its own (for a 1/N share of the target) so that its operands stay in cache as with
+one set. How many candidates the screening leaves depends on the data, so one data set can favour
+one format or implementation by a few percent that another set reverses.
+
 --cpu-class icelake (or skylake, haswell) limits both numkong builds to the kernel families such a
 CPU has (both packages name them the same way), e.g. to measure on an AMX machine what a CPU with
 AVX-512 VNNI but no AVX512-BF16/FP16 or AMX would see. Ours goes through NUMKONG_DISABLE (so the
@@ -27,9 +33,10 @@ corpus run is limited too), the anchor through its disable_capability().
 
 Accuracy is |score - reference| / reference, the reference being float64 MaxSim on the values as
 stored in the packing dtype (operands are handed over already in that dtype, so nothing is rounded
-twice). Ratios are time / time of ours: above 1 means slower than ours. `t/ours` divides the best
-times; `paired` is the median over rounds of the same division within each round (also in the JSON,
-with every round's time), which a host whose speed drifts between rounds disturbs less.
+twice); with several data sets, the largest over them. Ratios are time / time of ours: above 1
+means slower than ours. `t/ours` divides the best times; `paired` is the median over rounds of the
+same division within each round (also in the JSON, with every round's time), which a host whose
+speed drifts between rounds disturbs less.
 """
 import os
 
@@ -64,6 +71,11 @@ def per_call_seconds(function, target):
         if elapsed >= target:
             return elapsed / calls
         calls = max(2 * calls, int(calls * 1.2 * target / max(elapsed, 1e-9)))
+
+
+def mean_seconds(functions, target):
+    """Mean over `functions` of their seconds per call, each timed on its own for target / len(functions)."""
+    return sum(per_call_seconds(function, target / len(functions)) for function in functions) / len(functions)
 
 
 def paired_ratio(seconds, baseline):
@@ -103,11 +115,11 @@ def worker():
             elif request["op"] == "pack":
                 operands = [nk.maxsim_pack(_anchor_cast(nk, np.load(request[key]), request["dtype"]),
                                            dtype=request["dtype"]) for key in ("queries", "documents")]
-                packed[request["dtype"]] = operands
+                packed[request.get("key", request["dtype"])] = operands
                 reply = {"score": float(nk.maxsim_packed(*operands)), "nbytes": [p.nbytes for p in operands]}
             elif request["op"] == "time":
-                operands = packed[request["dtype"]]
-                reply = {"seconds": per_call_seconds(lambda: nk.maxsim_packed(*operands), request["target"])}
+                functions = [lambda p=packed[key]: nk.maxsim_packed(*p) for key in request["keys"]]
+                reply = {"seconds": mean_seconds(functions, request["target"])}
             else:
                 reply = {"error": f"unknown op {request['op']!r}"}
         except Exception as error:  # reported as n/a by the caller
@@ -136,13 +148,14 @@ class Anchor:
             raise RuntimeError("the anchor worker exited")
         return json.loads(line)
 
-    def pack(self, queries, documents, dtype):
-        """Pack both operands (float32 arrays exact in `dtype`) in the worker; returns its reply."""
+    def pack(self, queries, documents, dtype, key=None):
+        """Pack both operands (float32 arrays exact in `dtype`) in the worker, kept under `key` (default
+        the dtype) for op="time"; returns its reply."""
         paths = {}
         for name, matrix in (("queries", queries), ("documents", documents)):
             paths[name] = os.path.join(self.folder.name, name + ".npy")
             np.save(paths[name], np.ascontiguousarray(matrix, dtype=np.float32))
-        return self.ask(op="pack", dtype=dtype, **paths)
+        return self.ask(op="pack", dtype=dtype, key=key or dtype, **paths)
 
     def close(self):
         self.process.stdin.close()
@@ -224,8 +237,8 @@ def packed_sizes(anchor, rows=1024):
     return results
 
 
-def implementations(queries, documents, dtype, families, anchor):
-    """{impl: (score, timer)} for one case, timer(target) giving seconds per call; (None, why) when n/a."""
+def case_functions(queries, documents, dtype, families):
+    """{impl: score function} of this package (each family too, with `families`) and the baselines."""
     import numkong as nk
     packed = [nk.maxsim_pack(m, dtype=dtype) for m in (queries, documents)]
     functions = {"numkong": lambda: nk.maxsim_packed(*packed)}
@@ -234,11 +247,25 @@ def implementations(queries, documents, dtype, families, anchor):
         functions[f"numkong[{family.name.lower()}]"] = (
             lambda p=operands, f=family: nk.maxsim_packed(*p, capabilities=f))
     functions.update(baselines(queries, documents, dtype))
-    impls = {name: (f(), lambda target, f=f: per_call_seconds(f, target)) for name, f in functions.items()}
+    return functions
+
+
+def implementations(data_sets, dtype, families, anchor):
+    """{impl: (scores, timer)} for one case over its (queries, documents) data sets: one score per set,
+    timer(target) giving the mean over the sets of seconds per call; (None, why) when n/a."""
+    per_set = [case_functions(queries, documents, dtype, families) for queries, documents in data_sets]
+    impls = {}
+    for name in per_set[0]:
+        functions = [functions[name] for functions in per_set]
+        impls[name] = ([f() for f in functions], lambda target, fs=functions: mean_seconds(fs, target))
     if anchor:
-        reply = anchor.pack(*(m.astype(np.float32) for m in (queries, documents)), dtype)
-        timer = lambda target: anchor.ask(op="time", dtype=dtype, target=target)["seconds"]  # noqa: E731
-        impls[f"numkong {anchor.info['version']}"] = (reply["score"], timer) if "score" in reply else (None, reply["error"])
+        keys = [f"{dtype}#{k}" for k in range(len(data_sets))]
+        replies = [anchor.pack(*(m.astype(np.float32) for m in data_set), dtype, key)
+                   for data_set, key in zip(data_sets, keys)]
+        failed = [reply["error"] for reply in replies if "score" not in reply]
+        timer = lambda target: anchor.ask(op="time", keys=keys, target=target)["seconds"]  # noqa: E731
+        impls[f"numkong {anchor.info['version']}"] = (None, failed[0]) if failed else (
+            [reply["score"] for reply in replies], timer)
     return impls
 
 
@@ -296,6 +323,7 @@ def run(args):
     meta["numkong"] = nk.__version__
     print(f"numkong {nk.__version__}: compiled {meta['compiled']}; CPU {meta['cpu']}; active {meta['available']}")
     meta["cpu_class"] = args.cpu_class
+    meta["datasets"] = args.datasets
     anchor = Anchor(args.anchor_python, args.kept_families) if args.anchor_python else None
     if anchor:
         meta["anchor"] = anchor.info
@@ -309,24 +337,26 @@ def run(args):
     with limits:
         for shape in SHAPES:
             count_q, count_d, depth = shape
-            rng = np.random.default_rng(list(shape))
-            raw_q = rng.standard_normal((count_q, depth), dtype=np.float32)
-            raw_d = rng.standard_normal((count_d, depth), dtype=np.float32)
+            raw_sets = []
+            for k in range(args.datasets):
+                rng = np.random.default_rng(list(shape) + ([k] if k else []))
+                raw_sets.append((rng.standard_normal((count_q, depth), dtype=np.float32),
+                                 rng.standard_normal((count_d, depth), dtype=np.float32)))
             label = "x".join(map(str, shape))
-            cases = {}  # dtype -> (reference score, implementations)
+            cases = {}  # dtype -> (reference score of each data set, implementations)
             for dtype in DTYPES:
-                queries, documents = stored(raw_q, dtype), stored(raw_d, dtype)
-                cases[dtype] = (reference(queries, documents),
-                                implementations(queries, documents, dtype, families, anchor))
+                data_sets = [(stored(raw_q, dtype), stored(raw_d, dtype)) for raw_q, raw_d in raw_sets]
+                cases[dtype] = ([reference(queries, documents) for queries, documents in data_sets],
+                                implementations(data_sets, dtype, families, anchor))
             times = {(dtype, name): [] for dtype, (_, impls) in cases.items()
-                     for name, (score, _) in impls.items() if score is not None}
+                     for name, (scores, _) in impls.items() if scores is not None}
             for _ in range(rounds):  # interleaved: every dtype and implementation once per round
                 for dtype, name in times:
                     times[dtype, name].append(cases[dtype][1][name][1](target))
             for dtype, (expected, impls) in cases.items():
-                for name, (score, timer) in impls.items():
+                for name, (scores, timer) in impls.items():
                     record = {"shape": list(shape), "dtype": dtype, "impl": name}
-                    if score is None:
+                    if scores is None:
                         record["error"] = timer
                         print(f"{label:<16} {dtype:<9} {name:<18} {'n/a':>11}")
                     else:
@@ -334,7 +364,8 @@ def run(args):
                         record.update(us=seconds * 1e6, gsops=2 * count_q * count_d * depth / seconds / 1e9,
                                       ratio=seconds / min(ours), paired_ratio=paired_ratio(times[dtype, name], ours),
                                       rounds_us=[t * 1e6 for t in times[dtype, name]],
-                                      rel_error=abs(score - expected) / expected)
+                                      rel_error=max(abs(score - reference_score) / reference_score
+                                                    for score, reference_score in zip(scores, expected)))
                         print(f"{label:<16} {dtype:<9} {name:<18} {record['us']:>11.2f} {record['gsops']:>8.1f} "
                               f"{record['ratio']:>7.2f} {record['paired_ratio']:>7.2f} {record['rel_error']:>9.1e}")
                     records.append(record)
@@ -373,6 +404,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case")
     parser.add_argument("--target", type=float, default=0.02, help="seconds of calls per timing")
     parser.add_argument("--cpu", type=int, help="CPU to pin to (default: the first one allowed)")
+    parser.add_argument("--datasets", type=int, default=4,
+                        help="random normal data sets per shape; times are the mean over them")
     parser.add_argument("--cpu-class", choices=CPU_CLASSES[1:],
                         help="limit both numkong builds to the kernel families of this x86 CPU class")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
