@@ -115,7 +115,7 @@ def worker():
             elif request["op"] == "pack":
                 operands = [nk.maxsim_pack(_anchor_cast(nk, np.load(request[key]), request["dtype"]),
                                            dtype=request["dtype"]) for key in ("queries", "documents")]
-                packed[request.get("key", request["dtype"])] = operands
+                packed[request["key"]] = operands
                 reply = {"score": float(nk.maxsim_packed(*operands)), "nbytes": [p.nbytes for p in operands]}
             elif request["op"] == "time":
                 functions = [lambda p=packed[key]: nk.maxsim_packed(*p) for key in request["keys"]]
@@ -256,7 +256,7 @@ def implementations(data_sets, dtype, families, anchor):
     per_set = [case_functions(queries, documents, dtype, families) for queries, documents in data_sets]
     impls = {}
     for name in per_set[0]:
-        functions = [functions[name] for functions in per_set]
+        functions = [case[name] for case in per_set]
         impls[name] = ([f() for f in functions], lambda target, fs=functions: mean_seconds(fs, target))
     if anchor:
         keys = [f"{dtype}#{k}" for k in range(len(data_sets))]
