@@ -1,7 +1,9 @@
 """The published API (spec maxsim-api.md): signatures, positional-only and keyword-only parameters,
 MaxSimPackedMatrix attributes and pack_size, the quickstart, capabilities, input kinds."""
 import array
+import functools
 import inspect
+import operator
 import threading
 
 import numpy as np
@@ -268,12 +270,16 @@ def test_capability_is_an_int_flag_with_one_bit_per_family():
     import enum
     assert issubclass(nk.Capability, enum.IntFlag)
     names = [c.name for c in nk.Capability]
-    for name in ("SERIAL", "HASWELL", "SKYLAKE", "ICELAKE", "SAPPHIRE", "SAPPHIREAMX", "NEON", "SVE", "SVE2"):
-        assert name in names
+    # Only families that have kernels are public; their bits never change (they are stored in buffers).
+    assert {c.name: c.value for c in nk.Capability} == {
+        "SERIAL": 1, "HASWELL": 2, "SKYLAKE": 4, "ICELAKE": 8, "SAPPHIREAMX": 32, "NEON": 64, "SVE": 128}
     values = [c.value for c in nk.Capability]
     assert all(v and v & (v - 1) == 0 for v in values)
-    assert len(set(values)) == len(values)
-    assert nk.Capability.SERIAL == 1
+
+
+def test_capability_str_names_the_families():
+    assert str(nk.Capability.SERIAL | nk.Capability.ICELAKE) == "serial|icelake"
+    assert str(nk.get_capabilities()) == "|".join(c.name.lower() for c in nk.Capability if c & nk.get_capabilities())
 
 
 def test_get_capabilities_kinds():
@@ -293,7 +299,7 @@ def test_architecture_specific_families():
     import platform
     machine = platform.machine().lower()
     compiled = nk.get_capabilities("compiled")
-    arm = nk.Capability.NEON | nk.Capability.SVE | nk.Capability.SVE2
+    arm = nk.Capability.NEON | nk.Capability.SVE
     if machine in ("x86_64", "amd64"):
         assert not compiled & arm
     elif machine in ("aarch64", "arm64"):
@@ -304,7 +310,8 @@ def test_architecture_specific_families():
 def test_packing_records_the_mask(family):
     packed = nk.maxsim_pack(X, capabilities=family)
     assert packed.capabilities == family
-    assert nk.maxsim_pack(X).capabilities == nk.get_capabilities()
+    # Unrestricted: every family, so another machine scores it with its own best ones.
+    assert nk.maxsim_pack(X).capabilities == functools.reduce(operator.or_, nk.Capability)
     both = family | nk.Capability.SERIAL
     assert nk.maxsim_pack(X, capabilities=both).capabilities == both
 

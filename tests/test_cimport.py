@@ -18,7 +18,8 @@ from numkong cimport MaxSimPackedMatrix, maxsim_packed_nogil, nk_status_t
 
 def fields(MaxSimPackedMatrix packed):
     """C-level fields, read without Python attribute lookups."""
-    return packed.vectors, packed.depth, packed.dtype_code, packed.nbytes, packed.data != NULL
+    info = packed.matrix.info
+    return info.vectors, info.depth, info.dtype, info.nbytes, packed.matrix.data != NULL
 
 def score_repeatedly(MaxSimPackedMatrix queries, MaxSimPackedMatrix documents, int repeats, uint64_t mask):
     """Score `repeats` times without the GIL; returns (last score, last status)."""

@@ -428,8 +428,8 @@ def _tampered(packed, offset, fmt, value):
 CORRUPTIONS = {
     "magic": lambda p: _tampered(p, 0, "8s", b"NKMAXSIN"),
     "magic-first-byte": lambda p: _tampered(p, 0, "B", memoryview(p)[0] ^ 0xFF),
-    "version": lambda p: _tampered(p, OFFSET_VERSION, "<I", 1),  # the previous format
-    "version-next": lambda p: _tampered(p, OFFSET_VERSION, "<I", 3),
+    "version": lambda p: _tampered(p, OFFSET_VERSION, "<I", 2),  # the previous format
+    "version-next": lambda p: _tampered(p, OFFSET_VERSION, "<I", 4),
     "dtype-code-other-size": lambda p: _tampered(p, OFFSET_DTYPE, "<I", 1),  # float32 -> float64
     "dtype-code-same-size": lambda p: _tampered(p, OFFSET_DTYPE, "<I", 2 if p.dtype != "float32" else 99),
     "dtype-code-unknown": lambda p: _tampered(p, OFFSET_DTYPE, "<I", 0),
@@ -452,11 +452,11 @@ def test_corrupt_header_out_of_band(corruption):
         _load_out_of_band(data)
 
 
-@pytest.mark.parametrize("version", [1, 3, 0xFFFFFFFF])
+@pytest.mark.parametrize("version", [1, 2, 4, 0xFFFFFFFF])
 def test_other_format_version_says_so(version):
     data = _tampered(_packed(), OFFSET_VERSION, "<I", version)
     with pytest.raises(ValueError, match=rf"corrupt packed matrix: it is in format version {version}, this numkong "
-                                         r"reads version 2; pack the source arrays again"):
+                                         r"reads version 3; pack the source arrays again"):
         _load_out_of_band(data)
 
 

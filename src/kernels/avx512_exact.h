@@ -376,13 +376,17 @@ NK_X512_INLINE __m512 nk_x512_tag(__m512 upper, unsigned tile) {
         _mm512_castps_si512(upper), _mm512_set1_epi32(~NK_X512_TAG_BITS), _mm512_set1_epi32((int)tile), 0xEA));
 }
 
-/* The tile and lane of the largest of 16 tagged per-lane maxima. */
-NK_X512_INLINE void nk_x512_tagged_top(__m512 top, unsigned *tile, unsigned *lane) {
+/* The tile and lane of the largest of 16 tagged per-lane maxima; 0 when there is none (NaN bounds,
+ * which only sections changed after validation produce). */
+NK_X512_INLINE int nk_x512_tagged_top(__m512 top, unsigned *tile, unsigned *lane) {
     float largest = _mm512_reduce_max_ps(top);
     int32_t bits;
     memcpy(&bits, &largest, sizeof bits);
-    *lane = (unsigned)__builtin_ctz((unsigned)_mm512_cmp_ps_mask(top, _mm512_set1_ps(largest), _CMP_EQ_OQ));
+    unsigned at = (unsigned)_mm512_cmp_ps_mask(top, _mm512_set1_ps(largest), _CMP_EQ_OQ);
+    if (!at) return 0;
+    *lane = (unsigned)__builtin_ctz(at);
     *tile = (unsigned)(bits & NK_X512_TAG_BITS);
+    return 1;
 }
 
 #define NK_X512_PREFETCH_BYTES 1024u /* leading bytes of a candidate row fetched ahead of its rescoring */
@@ -399,7 +403,7 @@ NK_X512_INLINE void nk_x512_prefetch_row(void const *row, size_t row_bytes) {
 static inline void nk_x512_raise(double lower, double offset, double inv_scale, double *threshold, float *cut) {
     if (lower > *threshold) {
         *threshold = lower;
-        *cut = nk_x512_round_down((lower - offset) * inv_scale);
+        *cut = nk_threshold_floor(nk_x512_round_down((lower - offset) * inv_scale));
     }
 }
 
@@ -428,15 +432,17 @@ NK_X512_INLINE void nk_x512_batch_add(nk_x512_batch_t *batch, nk_maxsim_view_t c
     batch->which[k] = r;
 }
 
-/* Queue row r's tagged largest bound of a block (`top`, its per-lane maxima) if it still reaches
- * `cut`: the bound of document 16 tile + lane sits at upper_block[tile * tile_stride + r *
- * row_stride + lane] and becomes -inf, so the scan that follows never collects it again. In a corpus
- * (`cold` documents) its row is prefetched. Returns whether the pair was queued. */
+/* Queue row r's tagged largest bound of a block of `docs` documents (`top`, its per-lane maxima) if
+ * it still reaches `cut`: the bound of document 16 tile + lane sits at upper_block[tile * tile_stride
+ * + r * row_stride + lane] and becomes -inf, so the scan that follows never collects it again. In a
+ * corpus (`cold` documents) its row is prefetched. Returns whether the pair was queued. A tag naming
+ * no document of the block (from NaN bounds) queues nothing. */
 NK_X512_INLINE int nk_x512_queue_top(nk_x512_batch_t *batch, nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
                                      uint64_t first_query, size_t row_bytes, unsigned r, __m512 top, float cut,
-                                     float *upper_block, size_t tile_stride, size_t row_stride, uint64_t first_doc) {
+                                     float *upper_block, size_t tile_stride, size_t row_stride, uint64_t first_doc,
+                                     uint64_t docs) {
     unsigned tile, lane;
-    nk_x512_tagged_top(top, &tile, &lane);
+    if (!nk_x512_tagged_top(top, &tile, &lane) || 16u * tile + lane >= docs) return 0;
     float *upper = upper_block + tile * tile_stride + r * row_stride + lane;
     if (!(*upper >= cut)) return 0; /* (also when the block holds no live bound) */
     *upper = -INFINITY;

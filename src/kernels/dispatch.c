@@ -39,28 +39,39 @@ static nk_family_t const *nk_pick(uint64_t mask) {
 
 uint64_t nk_capabilities_best(uint64_t mask) { return nk_pick(mask)->cap; }
 
-static nk_status_t nk_score(void const *queries, void const *documents, uint64_t capabilities, int cold,
-                            double *result) {
-    if (!queries || !documents || !result) return nk_error_argument_k;
-    nk_maxsim_view_t q, d;
-    nk_maxsim_view_init(queries, &q);
-    nk_maxsim_view_init(documents, &d);
-    d.cold = cold;
-    if (q.dtype != d.dtype) return nk_error_dtype_mismatch_k;
-    if (q.depth != d.depth) return nk_error_depth_mismatch_k;
-    if (q.vectors == 0) {
+nk_maxsim_kernel_t nk_maxsim_kernel_for(uint64_t capabilities, uint64_t depth) {
+    /* Beyond int8 screening's depth (and at depth 0) every pair is scored exactly: rare, so one
+     * shared loop rather than a fallback in every family. */
+    if (depth == 0 || depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial;
+    return nk_pick(capabilities)->kernel;
+}
+
+nk_status_t nk_maxsim_score_views(nk_maxsim_kernel_t kernel, nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
+                                  double *result) {
+    if (q->dtype != d->dtype) return nk_error_dtype_mismatch_k;
+    if (q->depth != d->depth) return nk_error_depth_mismatch_k;
+    if (q->vectors == 0) {
         *result = 0.0;
         return nk_ok_k;
     }
-    if (d.vectors == 0) return nk_error_empty_k;
-    *result = nk_pick(capabilities)->kernel(&q, &d);
+    if (d->vectors == 0) return nk_error_empty_k;
+    *result = kernel(q, d);
     return nk_ok_k;
 }
 
-nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t capabilities, double *result) {
-    return nk_score(queries, documents, capabilities, 0, result);
+nk_status_t nk_maxsim_score_matrices(nk_maxsim_matrix_t const *queries, nk_maxsim_matrix_t const *documents,
+                                     uint64_t capabilities, double *result) {
+    if (!queries || !documents || !queries->data || !documents->data || !result) return nk_error_argument_k;
+    nk_maxsim_view_t q, d;
+    nk_maxsim_view_init(queries, &q);
+    nk_maxsim_view_init(documents, &d);
+    return nk_maxsim_score_views(nk_maxsim_kernel_for(capabilities, q.depth), &q, &d, result);
 }
 
-nk_status_t nk_maxsim_score_cold(void const *queries, void const *documents, uint64_t capabilities, double *result) {
-    return nk_score(queries, documents, capabilities, 1, result);
+nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t capabilities, double *result) {
+    nk_maxsim_matrix_t q = {queries, {0}}, d = {documents, {0}};
+    if (!queries || !documents || nk_maxsim_info(queries, &q.info) != nk_ok_k ||
+        nk_maxsim_info(documents, &d.info) != nk_ok_k)
+        return nk_error_argument_k;
+    return nk_maxsim_score_matrices(&q, &d, capabilities, result);
 }

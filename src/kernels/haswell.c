@@ -13,7 +13,6 @@
  *      highest upper bound first, skipping any whose bound falls below the best exact cosine.
  * Documents are processed in blocks of NK_HASWELL_BLOCK rows and queries in super-groups whose
  * prepared screening bytes fit a fixed buffer, so all scratch lives on the stack (~45 KB).
- * Depths above NK_SCREEN_MAX_DEPTH skip screening and rescore every pair.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -477,7 +476,6 @@ static void nk_rescore_candidates(nk_rescore_t const *ctx, uint64_t i, float *up
 double nk_maxsim_haswell(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     nk_rescore_t ctx = {q, d, nk_dot_for(q->dtype), nk_dtype_itemsize((int)q->dtype) * (size_t)q->depth};
     if (!ctx.dot) return 0.0; /* unknown dtype: the dispatcher never passes one */
-    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     int32_t prepared[NK_HASWELL_QBUF_INTS] __attribute__((aligned(32)));
     float upper[NK_HASWELL_GROUP * NK_HASWELL_BLOCK] __attribute__((aligned(32))); /* or partial int32 dots */
@@ -542,6 +540,7 @@ double nk_maxsim_haswell(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
                     float *row_upper = upper + (uint64_t)r * NK_HASWELL_BLOCK;
                     float threshold = nk_hmax_ps(bounds.lower_max[r]), from_best = nk_float_at_most(*row_best);
                     if (from_best > threshold) threshold = from_best;
+                    threshold = nk_threshold_floor(threshold);
                     uint64_t listed = nk_collect_candidates(row_upper, count, threshold, list);
                     nk_rescore_candidates(&ctx, i, row_upper, j0, list, listed, row_best);
                 }

@@ -353,11 +353,11 @@ static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
     nk_x512_batch_t batch;
     batch.n = 0;
     for (uint64_t r = 0; r < rows; ++r) {
-        thresholds[r] = -INFINITY, cuts[r] = -INFINITY;
+        thresholds[r] = -INFINITY, cuts[r] = -FLT_MAX;
         nk_x512_raise(group->best[r], group->offset[r], group->inv_scale[r], &thresholds[r], &cuts[r]);
         if (q->inv_norms[first_query + r] == 0.0) continue;
         nk_x512_queue_top(&batch, q, d, first_query, row_bytes, (unsigned)r, _mm512_load_ps(group->top[r]), cuts[r],
-                          scores, NK_SCREEN_TILE, NK_ICE_BLOCK_DOCS, first_doc);
+                          scores, NK_SCREEN_TILE, NK_ICE_BLOCK_DOCS, first_doc, docs);
     }
     nk_x512_rescore_batch(q, d, first_query, &batch, group->best, group->offset, group->inv_scale, thresholds, cuts);
     /* Then collect every row's candidates and, in a corpus (which does not fit in cache), prefetch
@@ -466,7 +466,6 @@ static void nk_ice_group_init(nk_maxsim_view_t const *q, uint64_t first, uint64_
 }
 
 double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     float scores[NK_ICE_ROWS * NK_ICE_BLOCK_DOCS] __attribute__((aligned(64)));
     int32_t query_groups[NK_ICE_CHUNK_GROUPS * NK_ICE_ROWS] __attribute__((aligned(64)));

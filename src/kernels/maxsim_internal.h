@@ -25,6 +25,7 @@
 #ifndef NUMKONG_MAXSIM_INTERNAL_H
 #define NUMKONG_MAXSIM_INTERNAL_H
 
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -61,7 +62,6 @@ typedef struct nk_maxsim_header {
 /* A packed corpus: this header, a table of nk_corpus_entry_t (one per document, at table_offset),
  * then each document as a complete packed matrix at its own 64-byte aligned offset, in order. */
 #define NK_CORPUS_MAGIC "NKCORPUS"
-#define NK_CORPUS_VERSION 1u
 
 typedef struct nk_corpus_header {
     char magic[8];
@@ -107,11 +107,21 @@ double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *
 double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 
-/* Fill a view from a buffer already validated by the packer or loader (cold = 0). */
-void nk_maxsim_view_init(void const *buf, nk_maxsim_view_t *view);
+/* The header (every section offset) of a matrix of (vectors, depth, dtype): the one source of the
+ * layout, for packing, validation and views. nk_error_argument_k for an unknown dtype,
+ * nk_error_overflow_k when a size does not fit. */
+nk_status_t nk_maxsim_layout(uint64_t vectors, uint64_t depth, int dtype, nk_maxsim_header_t *header);
 
-/* nk_maxsim_score for documents that stream from memory: the corpus scorer's entry point. */
-nk_status_t nk_maxsim_score_cold(void const *queries, void const *documents, uint64_t capabilities, double *result);
+/* Fill a view of a validated matrix from its info alone (cold = 0): the header bytes are not read. */
+void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *view);
+
+/* The kernel that scores operands of `depth` within `capabilities`: the best available family in
+ * the mask, or serial, which also takes every depth too large for int8 screening. */
+nk_maxsim_kernel_t nk_maxsim_kernel_for(uint64_t capabilities, uint64_t depth);
+
+/* Check a pair of views and score them with `kernel`: the statuses of nk_maxsim_score_matrices. */
+nk_status_t nk_maxsim_score_views(nk_maxsim_kernel_t kernel, nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
+                                  double *result);
 
 /* Byte offset of the 4-byte group (row, depth k..k+3) in the screen section. */
 static inline uint64_t nk_screen_offset(uint64_t vectors, uint64_t screen_depth, uint64_t row, uint64_t k) {
@@ -167,6 +177,11 @@ static inline double nk_decode(int dtype, void const *row, uint64_t k) {
     default: return 0.0;
     }
 }
+
+/* A candidate threshold on screening bounds, never below the lowest finite float (NaN -> that too):
+ * absent lanes hold -inf, so they can never pass a threshold, whatever sections changed after
+ * validation do to the bounds and the exact cosines. */
+static inline float nk_threshold_floor(float threshold) { return threshold >= -FLT_MAX ? threshold : -FLT_MAX; }
 
 /* Distance contributed by one query row (inverse norm inv_q) whose best cosine is `best_cos`:
  * max(0, 1 - best_cos), and exactly 1 for a zero row, whose best_cos is not looked at. */

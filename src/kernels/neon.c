@@ -124,7 +124,6 @@ NK_NEON_INLINE uint32x4_t nk_neon_load_words(void const *source, uint64_t count)
 }
 
 double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     uint32_t scores[NK_NEON_ROWS * NK_NEON_BLOCK_DOCS] __attribute__((aligned(64)));
     float upper[NK_NEON_BLOCK_DOCS] __attribute__((aligned(64)));
@@ -188,6 +187,7 @@ double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
                 void const *q_row = (char const *)q->values + i * row_bytes;
                 float threshold = vmaxvq_f32(best_lower), from_best = nk_arm_round_down(best[r]);
                 if (from_best > threshold) threshold = from_best;
+                threshold = nk_threshold_floor(threshold);
                 for (uint64_t t = 0; t < padded_docs; t += 16) {
                     float32x4_t limit = vdupq_n_f32(threshold);
                     uint16x8_t low_half = vcombine_u16(vmovn_u32(vcgeq_f32(vld1q_f32(upper + t), limit)),

@@ -35,7 +35,7 @@ static int nk_section(uint64_t *cursor, uint64_t count, uint64_t item, uint64_t 
 }
 
 /* The whole layout as a function of (vectors, depth, dtype): the single source of every offset. */
-static nk_status_t nk_layout(uint64_t vectors, uint64_t depth, int dtype, nk_maxsim_header_t *h) {
+nk_status_t nk_maxsim_layout(uint64_t vectors, uint64_t depth, int dtype, nk_maxsim_header_t *h) {
     size_t itemsize = nk_dtype_itemsize(dtype);
     if (!itemsize) return nk_error_argument_k;
     memset(h, 0, sizeof(*h));
@@ -61,25 +61,34 @@ static nk_status_t nk_layout(uint64_t vectors, uint64_t depth, int dtype, nk_max
 
 nk_status_t nk_maxsim_pack_size(uint64_t vectors, uint64_t depth, int dtype, uint64_t *nbytes) {
     nk_maxsim_header_t h;
-    nk_status_t status = nk_layout(vectors, depth, dtype, &h);
+    nk_status_t status = nk_maxsim_layout(vectors, depth, dtype, &h);
     if (status == nk_ok_k) *nbytes = h.nbytes;
     return status;
 }
 
-void nk_maxsim_view_init(void const *buf, nk_maxsim_view_t *view) {
-    nk_maxsim_header_t const *h = (nk_maxsim_header_t const *)buf;
-    char const *base = (char const *)buf;
-    view->dtype = h->dtype;
-    view->vectors = h->vectors;
-    view->depth = h->depth;
-    view->screen_depth = h->screen_depth;
-    view->values = base + h->values_offset;
-    view->inv_norms = (double const *)(base + h->inv_norms_offset);
-    view->screen = (uint8_t const *)(base + h->screen_offset);
-    view->screen_scales = (float const *)(base + h->screen_scales_offset);
-    view->screen_errors = (float const *)(base + h->screen_errors_offset);
-    view->screen_sums = (int32_t const *)(base + h->screen_sums_offset);
+void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *view) {
+    nk_maxsim_header_t h;
+    /* The info was validated with this same layout, so it cannot fail here. */
+    nk_maxsim_layout(matrix->info.vectors, matrix->info.depth, (int)matrix->info.dtype, &h);
+    char const *base = (char const *)matrix->data;
+    view->dtype = h.dtype;
+    view->vectors = h.vectors;
+    view->depth = h.depth;
+    view->screen_depth = h.screen_depth;
+    view->values = base + h.values_offset;
+    view->inv_norms = (double const *)(base + h.inv_norms_offset);
+    view->screen = (uint8_t const *)(base + h.screen_offset);
+    view->screen_scales = (float const *)(base + h.screen_scales_offset);
+    view->screen_errors = (float const *)(base + h.screen_errors_offset);
+    view->screen_sums = (int32_t const *)(base + h.screen_sums_offset);
     view->cold = 0;
+}
+
+uint32_t nk_maxsim_format_version(void const *buf, uint64_t nbytes) {
+    uint32_t version;
+    if (!buf || nbytes < 12 || memcmp(buf, NK_MAXSIM_MAGIC, 8) != 0) return 0;
+    memcpy(&version, (char const *)buf + 8, sizeof(version));
+    return version;
 }
 
 nk_status_t nk_maxsim_info(void const *buf, nk_maxsim_info_t *info) {
@@ -355,6 +364,19 @@ static int nk_row_is_valid(int dtype, void const *row, uint64_t depth) {
     return nk_row_absmax(dtype, row, depth, &absmax) && nk_row_scale_exponent(dtype, 0, absmax) == 0;
 }
 
+/* A code that no valid row holds (infinity, the e4m3 NaN, fp6 bytes with the unused bits set): what
+ * a value beyond the format's range is stored as, so that the check of the stored row refuses it.
+ * Packing scales rows into range first: only a source changing while it is packed gets here. */
+static uint32_t nk_invalid_code(int dtype) {
+    switch (dtype) {
+    case nk_dtype_float16_k: return 0x7C00u;
+    case nk_dtype_bfloat16_k: return 0x7F80u;
+    case nk_dtype_e4m3_k: return 0x7Fu;
+    case nk_dtype_e5m2_k: return 0x7Cu;
+    default: return 0xC0u;
+    }
+}
+
 /* Round float64 `values` times 2^shift into elements [start, start + count) of a row of `dtype`. */
 static void nk_store_span(int dtype, void *row, uint64_t start, uint64_t count, double const *values, int shift) {
     /* A power of two as a double covers |shift| <= 1000; beyond, ldexp avoids overflowing it. */
@@ -368,8 +390,12 @@ static void nk_store_span(int dtype, void *row, uint64_t start, uint64_t count, 
         case nk_dtype_float64_k: ((double *)row)[k] = x; break;
         case nk_dtype_float32_k: ((float *)row)[k] = (float)x; break; /* C conversion rounds to nearest even */
         case nk_dtype_float16_k:
-        case nk_dtype_bfloat16_k: ((uint16_t *)row)[k] = (uint16_t)nk_encode_minifloat(x, f); break;
-        default: ((uint8_t *)row)[k] = (uint8_t)nk_encode_minifloat(x, f); break;
+        case nk_dtype_bfloat16_k:
+            ((uint16_t *)row)[k] = (uint16_t)(fabs(x) <= f.max_finite ? nk_encode_minifloat(x, f) : nk_invalid_code(dtype));
+            break;
+        default:
+            ((uint8_t *)row)[k] = (uint8_t)(fabs(x) <= f.max_finite ? nk_encode_minifloat(x, f) : nk_invalid_code(dtype));
+            break;
         }
     }
 }
@@ -377,7 +403,7 @@ static void nk_store_span(int dtype, void *row, uint64_t start, uint64_t count, 
 nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride, uint64_t vectors, uint64_t depth,
                            int dtype, uint64_t capabilities, void *out, uint64_t out_nbytes, uint64_t *bad_row) {
     nk_maxsim_header_t h;
-    nk_status_t status = nk_layout(vectors, depth, dtype, &h);
+    nk_status_t status = nk_maxsim_layout(vectors, depth, dtype, &h);
     if (status != nk_ok_k) return status;
     if (source_dtype != dtype && source_dtype != nk_dtype_float64_k) return nk_error_argument_k;
     if (!out || (((uintptr_t)out) % NK_SECTION_ALIGN) != 0 || (!src && vectors && depth)) return nk_error_argument_k;
@@ -389,24 +415,30 @@ nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride
     memcpy(base, &h, sizeof(h));
     size_t itemsize = nk_dtype_itemsize(dtype);
     int casting = source_dtype != dtype;
+    double span[NK_SPAN];
     for (uint64_t row = 0; row < vectors; ++row) {
         void const *source_row = (char const *)src + (int64_t)row * row_stride;
         void *target_row = base + h.values_offset + row * depth * itemsize;
         double absmax;
-        if (!nk_row_absmax(source_dtype, source_row, depth, &absmax)) {
+        /* A row of the packing format is copied first and then only the copy is read, so a source
+         * that changes meanwhile cannot make the scale and the stored values disagree. */
+        if (!casting) memcpy(target_row, source_row, depth * itemsize);
+        void const *row_values = casting ? source_row : target_row;
+        if (!nk_row_absmax(source_dtype, row_values, depth, &absmax)) {
             if (bad_row) *bad_row = row;
             return nk_error_nonfinite_k;
         }
         int shift = nk_row_scale_exponent(dtype, casting, absmax);
-        if (!casting && shift == 0) {
-            memcpy(target_row, source_row, depth * itemsize);
-            continue;
-        }
-        double span[NK_SPAN];
-        for (uint64_t start = 0; start < depth; start += NK_SPAN) {
+        for (uint64_t start = 0; start < depth && (casting || shift); start += NK_SPAN) {
             uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN;
-            nk_decode_span(source_dtype, source_row, start, count, span);
+            nk_decode_span(source_dtype, row_values, start, count, span);
             nk_store_span(dtype, target_row, start, count, span, shift);
+        }
+        /* What is stored is what scoring reads: a cast source that changed between its two reads
+         * could have overflowed the format (stored as a non-finite code), so check the row as stored. */
+        if (casting && !nk_row_is_valid(dtype, target_row, depth)) {
+            if (bad_row) *bad_row = row;
+            return nk_error_nonfinite_k;
         }
     }
     nk_derive_all(&h, base, 0);
@@ -419,8 +451,9 @@ static nk_status_t nk_check(void const *buf, uint64_t nbytes, nk_maxsim_header_t
     if (nbytes < NK_HEADER_BYTES) return nk_error_corrupt_k;
     nk_maxsim_header_t expected;
     memcpy(header, buf, sizeof(*header));
-    if (memcmp(header->magic, NK_MAXSIM_MAGIC, 8) != 0 || header->version != NK_MAXSIM_FORMAT_VERSION) return nk_error_corrupt_k;
-    if (nk_layout(header->vectors, header->depth, (int)header->dtype, &expected) != nk_ok_k) return nk_error_corrupt_k;
+    if (memcmp(header->magic, NK_MAXSIM_MAGIC, 8) != 0) return nk_error_corrupt_k;
+    if (header->version != NK_MAXSIM_FORMAT_VERSION) return nk_error_version_k;
+    if (nk_maxsim_layout(header->vectors, header->depth, (int)header->dtype, &expected) != nk_ok_k) return nk_error_corrupt_k;
     expected.capabilities = header->capabilities;
     if (memcmp(header, &expected, sizeof(expected)) != 0 || expected.nbytes != nbytes) return nk_error_corrupt_k;
     char const *base = (char const *)buf;

@@ -336,14 +336,14 @@ static void nk_samx_raise_row(nk_samx_group_t *group, unsigned r) {
  * so that the scan starts from an exact cosine (usually the row's winner) and collects only the
  * documents within the error bound of it. The rescored document's u becomes -inf. */
 static void nk_samx_block_tops(nk_samx_context_t const *context, nk_samx_group_t *group, uint64_t rows,
-                               uint64_t first_doc, float *upper_block) {
+                               uint64_t first_doc, uint64_t docs, float *upper_block) {
     nk_maxsim_view_t const *q = context->q, *d = context->d;
     nk_x512_batch_t batch;
     batch.n = 0;
     for (unsigned r = 0; r < rows; ++r) {
         if (group->cut[r] == INFINITY) continue; /* takes no part */
         if (nk_x512_queue_top(&batch, q, d, context->first_query, context->row_bytes, r, _mm512_load_ps(group->top[r]),
-                              group->cut[r], upper_block, 256, 16, first_doc))
+                              group->cut[r], upper_block, 256, 16, first_doc, docs))
             NK_SAMX_COUNT_RESCORE();
     }
     nk_x512_rescore_batch(q, d, context->first_query, &batch, group->best, group->offset, group->inv_scale,
@@ -424,7 +424,7 @@ static void nk_samx_finish_block(nk_samx_context_t const *context, nk_samx_group
         default: nk_samx_quad_epilogue(at, rows, scales, errors, last_lanes, group, first_tile, 1); break;
         }
     }
-    nk_samx_block_tops(context, group, rows, first_doc, block_buffer);
+    nk_samx_block_tops(context, group, rows, first_doc, docs, block_buffer);
     nk_samx_scan_block(context, group, rows, first_doc, docs, block_buffer);
 }
 
@@ -677,7 +677,7 @@ static void nk_samx_group_init(nk_maxsim_view_t const *q, uint64_t first_query, 
         nk_x512_row_constants_t c = nk_x512_row_constants(q, first_query + done, left);
         _mm256_storeu_si256((__m256i *)(group->bias + done), _mm256_sub_epi32(_mm256_setzero_si256(), c.bias));
         _mm256_storeu_ps(group->growth + done, c.growth);
-        _mm256_storeu_ps(group->cut + done, _mm256_mask_blend_ps(c.live, _mm256_set1_ps(INFINITY), _mm256_set1_ps(-INFINITY)));
+        _mm256_storeu_ps(group->cut + done, _mm256_mask_blend_ps(c.live, _mm256_set1_ps(INFINITY), _mm256_set1_ps(-FLT_MAX)));
         _mm512_storeu_pd(group->scale + done, c.scale);
         _mm512_storeu_pd(group->inv_scale + done, c.inv_scale);
         _mm512_storeu_pd(group->offset + done, c.offset);
@@ -698,7 +698,6 @@ static void nk_samx_group_total(nk_samx_context_t const *context, nk_samx_group_
 }
 
 double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     float block_buffer[2 * 16 * NK_SAMX_BLOCK_DOCS] __attribute__((aligned(64))); /* one or two groups */
     /* One group's A tiles for a pass, or two groups' for a paired single pass. */

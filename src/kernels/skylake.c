@@ -430,7 +430,6 @@ static void nk_skl_gather(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, 
 
 double nk_maxsim_skylake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     uint64_t const depth = q->depth, row_bytes = (uint64_t)nk_dtype_itemsize((int)q->dtype) * depth;
-    if (depth == 0 || depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     uint64_t const screen_depth = q->screen_depth, groups = screen_depth / 4;
     uint64_t const chunks = (groups + NK_SKL_CHUNK_GROUPS - 1) / NK_SKL_CHUNK_GROUPS;
@@ -463,7 +462,7 @@ double nk_maxsim_skylake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
             qr.growth[r] = 1.0f + error;
             qr.negative_bias[r] = (int32_t)(0u - ((uint32_t)q->screen_sums[q0 + r] * 128u + bias_depth));
             pending[r].count = 0;
-            pending[r].threshold = -__builtin_inff();
+            pending[r].threshold = -FLT_MAX;
             pending[r].best = -2.0;
         }
         if (chunks == 1) nk_skl_split_queries(q_tile, q_stride, q_mask, 0, groups, split);

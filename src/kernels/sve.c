@@ -134,7 +134,6 @@ static void nk_sve_gather_query(nk_maxsim_view_t const *q, uint64_t first, uint6
 }
 
 double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    if (q->depth > NK_SCREEN_MAX_DEPTH) return nk_maxsim_serial(q, d); /* every pair exactly: rare, so one shared loop */
 
     uint32_t scores[NK_SVE_ROWS * NK_SVE_BLOCK_DOCS] __attribute__((aligned(64)));
     float upper[NK_SVE_BLOCK_DOCS] __attribute__((aligned(64)));
@@ -199,6 +198,7 @@ double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
                 void const *q_row = (char const *)q->values + i * row_bytes;
                 float threshold = svmaxv_f32(svptrue_b32(), best_lower), from_best = nk_arm_round_down(best[r]);
                 if (from_best > threshold) threshold = from_best;
+                threshold = nk_threshold_floor(threshold);
                 for (uint64_t v = 0; v < docs; v += lanes) {
                     svbool_t pg = svwhilelt_b32_u64(v, docs);
                     svbool_t hits = svcmpge_n_f32(pg, svld1_f32(pg, upper + v), threshold);

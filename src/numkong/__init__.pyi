@@ -1,6 +1,6 @@
 import enum
 import os
-from typing import Any, Literal, Sequence, Tuple, Union, overload
+from typing import Any, BinaryIO, Literal, Sequence, Tuple, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -23,15 +23,14 @@ float6_e2m3: type
 float6_e3m2: type
 
 class Capability(enum.IntFlag):
+    """Kernel families, one bit each; str() names them, e.g. 'serial|haswell'."""
     SERIAL = 1
     HASWELL = 2
     SKYLAKE = 4
     ICELAKE = 8
-    SAPPHIRE = 16
     SAPPHIREAMX = 32
     NEON = 64
     SVE = 128
-    SVE2 = 256
 
 class MaxSimPackedMatrix:
     """Opaque pre-packed matrix for MaxSim late-interaction scoring."""
@@ -67,8 +66,8 @@ class MaxSimPackedCorpus:
         cls, lengths: Sequence[int], depth: int, /, dtype: Union[_FloatTypeName, _MiniFloatType]
     ) -> int: ...
     @classmethod
-    def load(cls, path: Union[str, os.PathLike[str]], *, mmap: bool = True) -> "MaxSimPackedCorpus": ...
-    def save(self, path: Union[str, os.PathLike[str]]) -> None: ...
+    def load(cls, path: Union[str, os.PathLike[str], BinaryIO], *, mmap: bool = True) -> "MaxSimPackedCorpus": ...
+    def save(self, path: Union[str, os.PathLike[str], BinaryIO]) -> None: ...
     def __len__(self) -> int: ...
     def __repr__(self) -> str: ...
     @property

@@ -1,5 +1,9 @@
 # Packed corpora and batched scoring; included into _maxsim.pyx (one extension, one dispatcher).
-import mmap as _mmap
+import stat as _stat
+import tempfile as _tempfile
+
+from cpython.buffer cimport PyBUF_WRITE
+from cpython.memoryview cimport PyMemoryView_FromMemory
 
 
 cdef class MaxSimPackedCorpus:
@@ -7,13 +11,23 @@ cdef class MaxSimPackedCorpus:
 
     Built by maxsim_pack_corpus(); scored by maxsim_packed_corpus(). Each document is stored exactly
     as maxsim_pack() would store it, so per-document scores equal maxsim_packed() bit for bit.
-    save(path) writes it; MaxSimPackedCorpus.load(path) memory-maps it back without copying.
-    Pickles with protocol 5 as one out-of-band buffer.
+    save(path) writes it atomically; MaxSimPackedCorpus.load(path) maps it back read-only without
+    copying. Pickles with protocol 5 as one out-of-band buffer.
+
+    What is shared and what is private: the header and document table are validated once and kept in
+    memory this object owns, so nothing another holder of the bytes does can send a read out of bounds.
+    The stored values are shared only with a file this object maps (load) or a read-only buffer it was
+    unpickled from; a writable buffer is copied.
     """
 
     def __cinit__(self):
-        self.data = NULL
-        self.owns_data = False
+        self.corpus.data = NULL
+        self.corpus.table = NULL
+        self.corpus.info.documents = 0
+        self._table = NULL
+        self._owned = NULL
+        self._mapping = NULL
+        self._mapping_bytes = 0
         self._has_view = False
 
     def __init__(self, *args, **kwargs):
@@ -22,52 +36,79 @@ cdef class MaxSimPackedCorpus:
     def __dealloc__(self):
         if self._has_view:
             PyBuffer_Release(&self._view)
-        if self.owns_data:
-            free(self.data)
+        if self._mapping != NULL:
+            nk_unmap_file(self._mapping, <size_t>self._mapping_bytes)
+        nk_packed_free(self._owned)
+        free(self._table)
 
     @classmethod
     def pack_size(cls, lengths, depth, /, dtype):
         """Packed corpus size in bytes for documents of the given row counts, `depth` and `dtype`."""
         code = _DTYPE_CODES[_dtype_name(dtype)]
-        _check_count(depth, "depth")
+        _count(depth, "depth")
         if depth == 0:
             raise ValueError("depth must be at least 1")
         counts = _lengths_array(lengths)
         return _corpus_size(counts, depth, code)
 
     @property
+    def documents(self):
+        """Number of documents."""
+        return self.corpus.info.documents
+
+    @property
+    def depth(self):
+        """Number of dimensions per vector."""
+        return self.corpus.info.depth
+
+    @property
+    def total_vectors(self):
+        """Rows of all documents together."""
+        return self.corpus.info.total_vectors
+
+    @property
+    def nbytes(self):
+        """Size of the packed corpus in bytes."""
+        return self.corpus.info.nbytes
+
+    @property
+    def owns_data(self):
+        """False when the bytes are shared: a mapped file or another object's read-only buffer."""
+        return self._owned != NULL
+
+    @property
     def dtype(self):
         """Data type of the packed vectors (canonical name)."""
-        _require_packed(self.data, self)
-        return _DTYPE_NAMES[self.dtype_code]
+        _require_packed(self.corpus.data, self)
+        return _DTYPE_NAMES[self.corpus.info.dtype]
 
     @property
     def lengths(self):
         """Rows of each document, as an int64 NumPy array."""
-        cdef uint64_t i, nbytes
-        out = np.empty(self.documents, dtype=np.int64)
-        cdef nk_maxsim_info_t info
-        for i in range(self.documents):
-            nk_maxsim_info(nk_corpus_document(self.data, i, &nbytes), &info)
-            out[i] = info.vectors
+        cdef uint64_t i
+        out = np.empty(self.corpus.info.documents, dtype=np.int64)
+        cdef int64_t[::1] view = out
+        for i in range(self.corpus.info.documents):
+            view[i] = <int64_t>self._table[i].vectors
         return out
 
     @property
     def capabilities(self):
-        """The Capability mask that packed this corpus."""
-        return Capability(self.packed_capabilities & _known_capabilities)
+        """The Capability mask this corpus was packed with (every family when unrestricted)."""
+        return Capability(self.corpus.info.capabilities & _known_capabilities)
 
     def __len__(self):
-        return self.documents
+        return self.corpus.info.documents
 
     def __repr__(self):
-        if self.data == NULL:
+        if self.corpus.data == NULL:
             return "MaxSimPackedCorpus(<empty: not built by maxsim_pack_corpus>)"
         return (f"MaxSimPackedCorpus(documents={self.documents}, total_vectors={self.total_vectors}, "
                 f"depth={self.depth}, dtype={self.dtype!r}, nbytes={self.nbytes})")
 
     def __getbuffer__(self, Py_buffer *buffer, int flags):
-        _export_bytes(self, buffer, flags, self.data, self.nbytes, self._buffer_shape, self._buffer_strides)
+        _export_bytes(self, buffer, flags, self.corpus.data, self.corpus.info.nbytes, self._buffer_shape,
+                      self._buffer_strides)
 
     def __releasebuffer__(self, Py_buffer *buffer):
         pass
@@ -78,24 +119,87 @@ cdef class MaxSimPackedCorpus:
         return (_load_corpus, (bytes(memoryview(self)),))
 
     def save(self, path):
-        """Write the corpus bytes to `path` (load it back with MaxSimPackedCorpus.load)."""
-        with open(path, "wb") as file:
-            file.write(memoryview(self))
+        """Write the corpus to `path` (load it back with MaxSimPackedCorpus.load), or to a binary file object.
+
+        A path is written atomically: the bytes go to a temporary file in the same directory, which is
+        flushed, synced and renamed over `path`. A crash leaves the old file intact, and every process
+        that has the old file mapped (this one included) keeps scoring its old contents.
+        """
+        _require_packed(self.corpus.data, self)
+        if hasattr(path, "write"):
+            path.write(memoryview(self))
+            return
+        path = os.fspath(path)
+        directory = os.path.dirname(os.path.abspath(path))
+        handle, temporary = _tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                                              dir=directory)
+        try:
+            with open(handle, "wb") as file:
+                try:
+                    os.chmod(temporary, _stat.S_IMODE(os.stat(path).st_mode))  # keep an existing file's mode
+                except OSError:
+                    os.chmod(temporary, 0o666 & ~_UMASK)
+                file.write(memoryview(self))
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+            raise
+        _sync_directory(directory)
 
     @classmethod
     def load(cls, path, *, mmap=True):
-        """Load a saved corpus: memory-mapped read-only without copying (mmap=True) or read into memory.
+        """Load a saved corpus from a path or a binary file object; ValueError if it is corrupt.
 
-        Every byte is verified (header, table, stored values, derived sections): ValueError if corrupt.
+        A path must name a regular file. With mmap=True (default) the file is mapped read-only without
+        copying (no file descriptor stays open); mmap=False, or a file object, reads it into memory.
+        Every byte is verified (header, table, stored values, derived sections). A mapped file must not
+        be truncated or edited in place while it is loaded (as with numpy.memmap); replacing it, e.g. by
+        save(), is safe.
         """
-        with open(path, "rb") as file:
-            if not mmap:
-                return _load_corpus(file.read())
-            try:
-                mapped = _mmap.mmap(file.fileno(), 0, access=_mmap.ACCESS_READ)
-            except ValueError:  # an empty file cannot be mapped
-                raise ValueError(f"corrupt packed corpus: {path} is empty") from None
-        return _load_corpus(mapped)
+        if hasattr(path, "read"):
+            return _open_corpus(path.read())
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+        descriptor = os.open(path, flags)  # non-blocking: a FIFO without a writer cannot hang the open
+        try:
+            status = os.fstat(descriptor)
+            if not _stat.S_ISREG(status.st_mode):
+                raise ValueError(f"{os.fspath(path)!r} is not a regular file; MaxSimPackedCorpus.load reads files "
+                                 f"written by MaxSimPackedCorpus.save (or pass a binary file object)")
+            if status.st_size == 0:
+                raise ValueError(f"corrupt packed corpus: {os.fspath(path)!r} is empty")
+            if mmap:
+                return _map_corpus(descriptor, status.st_size, os.fspath(path))
+            return _read_corpus(descriptor, status.st_size, os.fspath(path))
+        finally:
+            os.close(descriptor)
+
+
+def _read_umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+def _sync_directory(directory):
+    """Make a rename in `directory` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        handle = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
 
 
 def _lengths_array(lengths):
@@ -110,57 +214,112 @@ def _lengths_array(lengths):
 cdef uint64_t _corpus_size(object counts, uint64_t depth, int code) except? 0:
     cdef uint64_t[::1] view = counts
     cdef uint64_t nbytes = 0
-    cdef nk_status_t status = nk_corpus_pack_size(&view[0] if view.shape[0] else NULL, view.shape[0], depth,
-                                                  code, &nbytes)
-    if status != nk_ok_k:
-        raise ValueError(f"a corpus of {view.shape[0]} documents x depth {depth} {_DTYPE_NAMES[code]} does not fit "
-                         f"a packed buffer (byte size overflows 64 bits)")
+    _raise_for(nk_corpus_pack_size(&view[0] if view.shape[0] else NULL, view.shape[0], depth, code, &nbytes),
+               {"what": f"a corpus of {view.shape[0]} documents x depth {depth} {_DTYPE_NAMES[code]}"})
     return nbytes
 
 
-cdef MaxSimPackedCorpus _wrap_corpus(object data):
-    """A corpus over verified bytes: zero-copy when 64-byte aligned, else one aligned copy."""
-    cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
+_CORPUS_EMPTY = "corrupt packed corpus: it holds no documents, or a document with no rows"
+
+
+cdef int _validate_corpus(MaxSimPackedCorpus corpus, const void *data, uint64_t nbytes) except -1:
+    """Validate untrusted corpus bytes: the header and table are read once, into memory `corpus` owns."""
     cdef nk_corpus_info_t info
     cdef nk_status_t status
-    cdef void *copy = NULL
+    cdef uint32_t version
+    with nogil:
+        status = nk_corpus_header(data, nbytes, &info)
+        version = nk_corpus_format_version(data, nbytes)
+    context = {"kind": "corpus", "found": version, "expected": NK_CORPUS_FORMAT_VERSION, "empty": _CORPUS_EMPTY}
+    _raise_for(status, context)
+    corpus._table = <nk_corpus_entry_t *>malloc(max(info.documents, 1) * sizeof(nk_corpus_entry_t))
+    if corpus._table == NULL:
+        raise MemoryError(f"cannot allocate the table of {info.documents} documents")
+    with nogil:
+        status = nk_corpus_verify(data, &info, corpus._table, 1)
+    _raise_for(status, context)
+    corpus.corpus.data = data
+    corpus.corpus.info = info
+    corpus.corpus.table = corpus._table
+    return 0
+
+
+cdef bint _may_change(object data):
+    """Whether anyone can write the bytes `data` exports: it, or any object a read-only view of it
+    (memoryview.toreadonly(), a pickle's read-only out-of-band buffer) stands for, is writable."""
+    cdef Py_buffer view
+    for _ in range(64):  # views of views, but never an endless chain
+        try:
+            PyObject_GetBuffer(data, &view, PyBUF_WRITABLE)
+        except Exception:  # BufferError, TypeError, NumPy's ValueError: not writable this way
+            pass
+        else:
+            PyBuffer_Release(&view)
+            return True
+        if isinstance(data, pickle.PickleBuffer):
+            data = data.raw()
+        elif isinstance(data, memoryview) and data.obj is not None:
+            data = data.obj
+        else:
+            return False
+    return True
+
+
+def _open_corpus(data):
+    """A corpus over bytes-like `data`, verified: a view of read-only, 64-byte aligned bytes that no one
+    can write, else a private copy (writable bytes could be changed after they were verified)."""
+    cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
+    cdef const void *bytes_at
     try:
         PyObject_GetBuffer(data, &corpus._view, PyBUF_SIMPLE)
     except TypeError:
         raise TypeError(f"a packed corpus loads from a bytes-like object, not {type(data).__name__}") from None
     corpus._has_view = True
-    corpus.nbytes = <uint64_t>corpus._view.len
-    if (<uintptr_t>corpus._view.buf) % 64 == 0:
-        corpus.data = corpus._view.buf
+    cdef uint64_t nbytes = <uint64_t>corpus._view.len
+    if (<uintptr_t>corpus._view.buf) % 64 == 0 and corpus._view.readonly and not _may_change(data):
+        bytes_at = corpus._view.buf
     else:
-        copy = _packed_alloc(corpus.nbytes, "corpus")
-        memcpy(copy, corpus._view.buf, <size_t>corpus.nbytes)
-        corpus.data = copy
-        corpus.owns_data = True
+        corpus._owned = _packed_alloc(nbytes, "corpus")
+        memcpy(corpus._owned, corpus._view.buf, <size_t>nbytes)
+        bytes_at = corpus._owned
         PyBuffer_Release(&corpus._view)
         corpus._has_view = False
-    with nogil:
-        status = nk_corpus_verify(corpus.data, corpus.nbytes, &info)
-    if status != nk_ok_k:
-        raise ValueError("corrupt packed corpus: header, document table, sizes or stored values are invalid "
-                         "or truncated")
-    _adopt_corpus_header(corpus)
+    _validate_corpus(corpus, bytes_at, nbytes)
     return corpus
 
 
-cdef void _adopt_corpus_header(MaxSimPackedCorpus corpus):
-    cdef nk_corpus_info_t info
-    nk_corpus_info(corpus.data, &info)
-    corpus.documents = info.documents
-    corpus.depth = info.depth
-    corpus.total_vectors = info.total_vectors
-    corpus.dtype_code = info.dtype
-    corpus.packed_capabilities = info.capabilities
+cdef MaxSimPackedCorpus _map_corpus(int descriptor, uint64_t nbytes, str path):
+    cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
+    if nbytes > <uint64_t>(<size_t>-1):
+        raise MemoryError(f"{path!r} ({nbytes} bytes) does not fit this process's address space")
+    with nogil:
+        corpus._mapping = nk_map_file(descriptor, <size_t>nbytes)
+    if corpus._mapping == NULL:
+        raise OSError(f"cannot map {path!r} ({nbytes} bytes) into memory; try load(..., mmap=False)")
+    corpus._mapping_bytes = nbytes
+    _validate_corpus(corpus, corpus._mapping, nbytes)
+    return corpus
+
+
+cdef MaxSimPackedCorpus _read_corpus(int descriptor, uint64_t nbytes, str path):
+    """Read exactly `nbytes` (the size the file had when opened) into owned memory, then verify."""
+    cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
+    corpus._owned = _packed_alloc(nbytes, "corpus")
+    target = PyMemoryView_FromMemory(<char *>corpus._owned, <Py_ssize_t>nbytes, PyBUF_WRITE)
+    cdef uint64_t done = 0
+    with open(descriptor, "rb", buffering=0, closefd=False) as file:
+        while done < nbytes:
+            got = file.readinto(target[done:])
+            if not got:
+                raise ValueError(f"corrupt packed corpus: {path!r} became shorter while it was read")
+            done += got
+    _validate_corpus(corpus, corpus._owned, nbytes)
+    return corpus
 
 
 def _load_corpus(data):
-    """Rebuild a packed corpus from bytes (pickle, files); verifies everything."""
-    return _wrap_corpus(data)
+    """Rebuild a packed corpus from bytes (the pickle path); verifies everything."""
+    return _open_corpus(data)
 
 
 def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, capabilities=None, stream=None):
@@ -170,10 +329,11 @@ def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, capabilities=N
        [total_rows, depth] where document i is rows offsets[i] .. offsets[i+1] (offsets[0] == 0,
        offsets[-1] == total_rows, non-decreasing).
     dtype: packing dtype as in maxsim_pack(); None keeps the inputs' format (the narrowest holding all).
+    capabilities: a Capability mask to restrict scoring to (as in maxsim_pack); None for no restriction.
     Every document needs at least one row and the same depth.
     """
     _check_stream(stream)
-    cdef uint64_t mask = _resolve_capabilities(capabilities, nk_capabilities_available())
+    cdef uint64_t mask = _resolve_capabilities(capabilities, NK_CAPABILITIES_ANY)
     if offsets is not None:
         tokens = _as_matrix(documents, "documents")
         bounds = np.asarray(offsets)
@@ -205,26 +365,44 @@ def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, capabilities=N
     counts = np.array([matrix.shape[0] for matrix in matrices], dtype=np.uint64)
     cdef uint64_t[::1] lengths = counts
     cdef uint64_t nbytes = _corpus_size(counts, depth, code)
-    cdef void *data = _packed_alloc(nbytes, "corpus")
     cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
-    corpus.data = data
-    corpus.owns_data = True
-    corpus.nbytes = nbytes
-    nk_corpus_init(&lengths[0], lengths.shape[0], depth, code, mask, data, nbytes)
+    corpus._owned = _packed_alloc(nbytes, "corpus")
+    corpus._table = <nk_corpus_entry_t *>malloc(lengths.shape[0] * sizeof(nk_corpus_entry_t))
+    if corpus._table == NULL:
+        raise MemoryError(f"cannot allocate the table of {lengths.shape[0]} documents")
+    _raise_for(nk_corpus_init(&lengths[0], lengths.shape[0], depth, code, mask, corpus._owned, nbytes,
+                              &corpus.corpus),
+               {"what": "packing the corpus", "empty": "every document needs at least one token vector"})
+    memcpy(corpus._table, corpus.corpus.table, lengths.shape[0] * sizeof(nk_corpus_entry_t))
+    corpus.corpus.table = corpus._table
     cdef uint64_t index, capacity
-    cdef void *target
+    cdef nk_maxsim_matrix_t target
     for index in range(lengths.shape[0]):
-        target = nk_corpus_document(data, index, &capacity)
+        target = nk_corpus_document(&corpus.corpus, index, &capacity)
         try:
-            _pack_into(matrices[index], name, mask, target, capacity)
+            _pack_into(matrices[index], name, mask, <void *>target.data, capacity, &target.info)
         except ValueError as error:
             raise ValueError(f"document {index}: {error}") from None
-    _adopt_corpus_header(corpus)
     return corpus
 
 
-def maxsim_packed_corpus(queries, MaxSimPackedCorpus corpus not None, /, *, top_k=None, threads=None,
-                         capabilities=None, stream=None):
+cdef uint64_t _thread_count(object threads) except 0:
+    """Worker threads for a corpus call: every core this process may use by default, at most the C cap."""
+    if threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    elif isinstance(threads, bool):
+        raise TypeError("threads must be a positive int or None, not bool")
+    else:
+        try:
+            threads = operator.index(threads)
+        except TypeError:
+            raise TypeError(f"threads must be a positive int or None, not {type(threads).__name__}") from None
+        if threads <= 0:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+    return min(threads, NK_CORPUS_MAX_THREADS)
+
+
+def maxsim_packed_corpus(queries, corpus, /, *, top_k=None, threads=None, capabilities=None, stream=None):
     """MaxSim of packed queries against every document of a packed corpus.
 
     queries: one MaxSimPackedMatrix -> scores of shape [documents]; a sequence of them -> [len(queries),
@@ -232,55 +410,60 @@ def maxsim_packed_corpus(queries, MaxSimPackedCorpus corpus not None, /, *, top_
     top_k: None, or k in 1 .. documents: returns (indices, scores) of the k best documents per query,
        lowest score first, ties by ascending index (int64 and float64 arrays).
     threads: worker threads (default: every core this process may use); the GIL is released.
-    capabilities: defaults to the intersection of the masks that packed the corpus and the queries.
+    capabilities: defaults to the families the corpus and the queries were packed for.
     """
+    if not isinstance(corpus, MaxSimPackedCorpus):
+        raise TypeError(f"corpus must be a MaxSimPackedCorpus from numkong.maxsim_pack_corpus(), "
+                        f"not {type(corpus).__name__}")
+    cdef MaxSimPackedCorpus packed_corpus = corpus
     _check_stream(stream)
-    _require_packed(corpus.data, corpus)
+    _require_packed(packed_corpus.corpus.data, packed_corpus)
     single = isinstance(queries, MaxSimPackedMatrix)
     query_list = [queries] if single else list(queries) if isinstance(queries, (list, tuple)) else None
     if query_list is None or not all(isinstance(q, MaxSimPackedMatrix) for q in query_list):
         raise TypeError("queries must be a MaxSimPackedMatrix or a list of them (from maxsim_pack)")
-    cdef uint64_t available = nk_capabilities_available()
-    cdef uint64_t default = corpus.packed_capabilities & available
+    cdef uint64_t stored = packed_corpus.corpus.info.capabilities
     cdef MaxSimPackedMatrix query
     for query in query_list:
-        _require_packed(query.data, query)
-        if query.dtype_code != corpus.dtype_code:
-            raise TypeError(f"queries were packed as {query.dtype} but the corpus as {corpus.dtype}; "
-                            f"pack both with the same dtype")
-        if query.depth != corpus.depth:
-            raise ValueError(f"queries have depth {query.depth} but the corpus has depth {corpus.depth}")
-        default &= query.packed_capabilities
-    cdef uint64_t mask = _resolve_capabilities(capabilities, default | 1)
-    if threads is None:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    elif isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
-        raise TypeError(f"threads must be a positive int or None, not {type(threads).__name__}")
-    elif threads <= 0:
-        raise ValueError(f"threads must be at least 1, got {threads}")
+        _require_packed(query.matrix.data, query)
+        stored &= query.matrix.info.capabilities
+    cdef uint64_t mask = _resolve_capabilities(capabilities, _stored_mask(stored))
+    cdef uint64_t n_threads = _thread_count(threads)
+    cdef uint64_t documents = packed_corpus.corpus.info.documents
     if top_k is not None:
-        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)):
-            raise TypeError(f"top_k must be a positive int or None, not {type(top_k).__name__}")
-        if top_k <= 0 or top_k > corpus.documents:
-            raise ValueError(f"top_k must be between 1 and the corpus's {corpus.documents} documents, got {top_k}")
-    scores = np.empty((len(query_list), corpus.documents), dtype=np.float64)
+        if isinstance(top_k, bool):
+            raise TypeError("top_k must be a positive int or None, not bool")
+        try:
+            top_k = operator.index(top_k)
+        except TypeError:
+            raise TypeError(f"top_k must be a positive int or None, not {type(top_k).__name__}") from None
+        if top_k <= 0 or top_k > documents:
+            raise ValueError(f"top_k must be between 1 and the corpus's {documents} documents, got {top_k}")
+    scores = np.empty((len(query_list), documents), dtype=np.float64)
     cdef double[:, ::1] out = scores
-    cdef uint64_t n_queries = len(query_list), n_threads = min(threads, 1 << 16)
-    cdef const void **pointers = <const void **>malloc(max(n_queries, 1) * sizeof(void *))
-    if pointers == NULL:
+    cdef uint64_t n_queries = len(query_list), i
+    cdef nk_maxsim_matrix_t *matrices = <nk_maxsim_matrix_t *>malloc(max(n_queries, 1) * sizeof(nk_maxsim_matrix_t))
+    if matrices == NULL:
         raise MemoryError("cannot allocate the query table")
     cdef nk_status_t status
-    cdef uint64_t i
     try:
         for i in range(n_queries):
-            pointers[i] = (<MaxSimPackedMatrix>query_list[i]).data
+            matrices[i] = (<MaxSimPackedMatrix>query_list[i]).matrix
         with nogil:
-            status = nk_maxsim_score_corpus(pointers, n_queries, corpus.data, mask, n_threads,
-                                            &out[0, 0] if out.shape[0] and out.shape[1] else NULL)
+            status = nk_maxsim_score_corpus(matrices, n_queries, &packed_corpus.corpus, mask, n_threads,
+                                            &out[0, 0] if out.shape[0] else NULL)
     finally:
-        free(pointers)
+        free(matrices)
     if status != nk_ok_k:
-        raise RuntimeError(f"corpus scoring failed with status {status}")
+        first = query_list[0]
+        for query in query_list:  # name a query that does not match, when one does not
+            if query.matrix.info.dtype != packed_corpus.corpus.info.dtype or \
+                    query.matrix.info.depth != packed_corpus.corpus.info.depth:
+                first = query
+                break
+        _raise_for(status, {"what": "corpus scoring", "left": "queries", "right": "the corpus", "right_verb": "has",
+                            "left_depth": first.depth, "right_depth": packed_corpus.depth,
+                            "left_dtype": first.dtype, "right_dtype": packed_corpus.dtype, "empty": _CORPUS_EMPTY})
     if top_k is not None:
         order = np.argsort(scores, axis=1, kind="stable")[:, :top_k]  # stable: ties by index
         best = np.take_along_axis(scores, order, axis=1)
@@ -290,5 +473,4 @@ def maxsim_packed_corpus(queries, MaxSimPackedCorpus corpus not None, /, *, top_
 
 cdef nk_status_t maxsim_packed_corpus_nogil(MaxSimPackedMatrix queries, MaxSimPackedCorpus corpus,
                                             uint64_t capabilities, uint64_t threads, double *scores) noexcept nogil:
-    cdef const void *query = queries.data
-    return nk_maxsim_score_corpus(&query, 1, corpus.data, capabilities, threads, scores)
+    return nk_maxsim_score_corpus(&queries.matrix, 1, &corpus.corpus, capabilities, threads, scores)

@@ -1,4 +1,5 @@
 # C-level interface of numkong's MaxSim extension, for `cimport` from other Cython modules.
+# Every constant (statuses, dtype codes, capability bits, format versions) comes from the C header.
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 
@@ -13,6 +14,32 @@ cdef extern from "numkong/maxsim.h" nogil:
         nk_error_depth_mismatch_k
         nk_error_dtype_mismatch_k
         nk_error_empty_k
+        nk_error_version_k
+
+    ctypedef enum nk_dtype_t:
+        nk_dtype_float64_k
+        nk_dtype_float32_k
+        nk_dtype_float16_k
+        nk_dtype_bfloat16_k
+        nk_dtype_e4m3_k
+        nk_dtype_e5m2_k
+        nk_dtype_e2m3_k
+        nk_dtype_e3m2_k
+
+    enum:
+        nk_cap_serial_k
+        nk_cap_haswell_k
+        nk_cap_skylake_k
+        nk_cap_icelake_k
+        nk_cap_sapphireamx_k
+        nk_cap_neon_k
+        nk_cap_sve_k
+        nk_cap_families_k
+
+    uint64_t NK_CAPABILITIES_ANY
+    uint64_t NK_CORPUS_MAX_THREADS
+    uint32_t NK_MAXSIM_FORMAT_VERSION
+    uint32_t NK_CORPUS_FORMAT_VERSION
 
     ctypedef struct nk_maxsim_info_t:
         uint64_t vectors
@@ -21,15 +48,27 @@ cdef extern from "numkong/maxsim.h" nogil:
         uint64_t capabilities
         uint32_t dtype
 
+    ctypedef struct nk_maxsim_matrix_t:
+        const void *data
+        nk_maxsim_info_t info
+
     size_t nk_dtype_itemsize(int dtype)
     nk_status_t nk_maxsim_pack_size(uint64_t vectors, uint64_t depth, int dtype, uint64_t *nbytes)
     nk_status_t nk_maxsim_pack(const void *src, int source_dtype, int64_t row_stride, uint64_t vectors,
                                uint64_t depth, int dtype, uint64_t capabilities, void *out, uint64_t out_nbytes,
                                uint64_t *bad_row)
     nk_status_t nk_maxsim_load(void *buf, uint64_t nbytes, nk_maxsim_info_t *info)
-    nk_status_t nk_maxsim_info(const void *buf, nk_maxsim_info_t *info)
-    nk_status_t nk_maxsim_score(const void *queries, const void *documents, uint64_t capabilities, double *result)
     nk_status_t nk_maxsim_verify(const void *buf, uint64_t nbytes, nk_maxsim_info_t *info)
+    nk_status_t nk_maxsim_info(const void *buf, nk_maxsim_info_t *info)
+    uint32_t nk_maxsim_format_version(const void *buf, uint64_t nbytes)
+    uint32_t nk_corpus_format_version(const void *buf, uint64_t nbytes)
+    nk_status_t nk_maxsim_score_matrices(const nk_maxsim_matrix_t *queries, const nk_maxsim_matrix_t *documents,
+                                         uint64_t capabilities, double *result)
+    nk_status_t nk_maxsim_score(const void *queries, const void *documents, uint64_t capabilities, double *result)
+
+    ctypedef struct nk_corpus_entry_t:
+        uint64_t offset
+        uint64_t vectors
 
     ctypedef struct nk_corpus_info_t:
         uint64_t documents
@@ -39,15 +78,22 @@ cdef extern from "numkong/maxsim.h" nogil:
         uint64_t capabilities
         uint32_t dtype
 
+    ctypedef struct nk_corpus_t:
+        const void *data
+        nk_corpus_info_t info
+        const nk_corpus_entry_t *table
+
     nk_status_t nk_corpus_pack_size(const uint64_t *lengths, uint64_t documents, uint64_t depth, int dtype,
                                     uint64_t *nbytes)
     nk_status_t nk_corpus_init(const uint64_t *lengths, uint64_t documents, uint64_t depth, int dtype,
-                               uint64_t capabilities, void *out, uint64_t out_nbytes)
-    void *nk_corpus_document(const void *corpus, uint64_t index, uint64_t *nbytes)
-    nk_status_t nk_corpus_verify(const void *buf, uint64_t nbytes, nk_corpus_info_t *info)
-    nk_status_t nk_corpus_info(const void *buf, nk_corpus_info_t *info)
-    nk_status_t nk_maxsim_score_corpus(const void *const *queries, uint64_t query_count, const void *corpus,
-                                       uint64_t capabilities, uint64_t threads, double *scores)
+                               uint64_t capabilities, void *out, uint64_t out_nbytes, nk_corpus_t *corpus)
+    nk_maxsim_matrix_t nk_corpus_document(const nk_corpus_t *corpus, uint64_t index, uint64_t *nbytes)
+    nk_status_t nk_corpus_header(const void *buf, uint64_t nbytes, nk_corpus_info_t *info)
+    nk_status_t nk_corpus_verify(const void *buf, const nk_corpus_info_t *info, nk_corpus_entry_t *table,
+                                 int verify_documents)
+    nk_status_t nk_maxsim_score_corpus(const nk_maxsim_matrix_t *queries, uint64_t query_count,
+                                       const nk_corpus_t *corpus, uint64_t capabilities, uint64_t threads,
+                                       double *scores)
 
     uint64_t nk_capabilities_compiled()
     uint64_t nk_capabilities_cpu()
@@ -57,32 +103,26 @@ cdef extern from "numkong/maxsim.h" nogil:
 
 
 cdef class MaxSimPackedMatrix:
-    # One 64-byte aligned allocation holding the whole packed buffer; owned, never resized.
-    # Treat every field as read-only: they describe `data` and are set once at construction.
-    cdef void *data
-    cdef readonly uint64_t vectors
-    cdef readonly uint64_t depth
-    cdef readonly uint64_t nbytes
-    # C-level only (Python reads .dtype and .capabilities): an nk_dtype_t and the packing mask.
-    cdef uint32_t dtype_code
-    cdef uint64_t packed_capabilities
+    # The packed bytes and their validated header (matrix.info). Scoring reads sections at offsets
+    # derived from matrix.info, never the header bytes again. Set once at construction: read-only.
+    cdef nk_maxsim_matrix_t matrix
+    cdef void *_owned       # the allocation holding the bytes, or NULL when they belong to _base
+    cdef object _base       # what keeps borrowed bytes alive (a corpus, for corpus[i])
     cdef Py_ssize_t _buffer_shape[1]
     cdef Py_ssize_t _buffer_strides[1]
 
 
 cdef class MaxSimPackedCorpus:
-    # The corpus bytes: an owned 64-byte aligned allocation, or a read-only view of another object
-    # (a memory-mapped file, an out-of-band pickle buffer) kept alive through `_view`.
-    cdef void *data
-    cdef readonly bint owns_data  # False when viewing a memory map or another object's buffer
+    # The corpus bytes (owned, a private read-only file mapping, or a read-only buffer of another
+    # object kept in _view), with the header and document table as validated, in memory this object
+    # owns: corpus.table points to _table, never into the bytes.
+    cdef nk_corpus_t corpus
+    cdef nk_corpus_entry_t *_table
+    cdef void *_owned
+    cdef void *_mapping
+    cdef uint64_t _mapping_bytes
     cdef bint _has_view
     cdef Py_buffer _view
-    cdef readonly uint64_t documents
-    cdef readonly uint64_t depth
-    cdef readonly uint64_t total_vectors
-    cdef readonly uint64_t nbytes
-    cdef uint32_t dtype_code  # C-level only, as in MaxSimPackedMatrix
-    cdef uint64_t packed_capabilities
     cdef Py_ssize_t _buffer_shape[1]
     cdef Py_ssize_t _buffer_strides[1]
 

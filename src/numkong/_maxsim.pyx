@@ -1,6 +1,7 @@
 """Cython core of numkong: the packed matrix type, packing, scoring, capabilities."""
 import enum
 import functools
+import operator
 import os
 import pickle
 
@@ -10,19 +11,25 @@ import numpy as np
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcmp, memcpy
-
-cdef extern from "numkong/maxsim.h":
-    uint32_t NK_MAXSIM_FORMAT_VERSION
+from libc.string cimport memcpy
 
 
 cdef extern from *:
     """
     #include <stdlib.h>
+    #ifdef _WIN32
+    #include <io.h>
+    #include <windows.h>
+    #else
     #include <sys/mman.h>
-    /* 64-byte aligned memory for packed buffers; large ones are 2 MiB aligned and offered huge
-     * pages, because scoring a corpus touches scattered rows and TLB misses would dominate. */
+    #endif
+    /* 64-byte aligned memory for packed buffers (freed with nk_packed_free); large ones are 2 MiB
+     * aligned and offered huge pages, because scoring a corpus touches scattered rows and TLB misses
+     * would dominate. */
     static void *nk_packed_alloc(size_t nbytes) {
+    #ifdef _WIN32
+        return _aligned_malloc(nbytes ? nbytes : 1, 64);
+    #else
         void *data = NULL;
         size_t huge = (size_t)2 << 20;
         if (posix_memalign(&data, nbytes >= huge ? huge : 64, nbytes ? nbytes : 1) != 0) return NULL;
@@ -30,25 +37,62 @@ cdef extern from *:
         if (nbytes >= huge) madvise(data, (nbytes + huge - 1) / huge * huge, MADV_HUGEPAGE);
     #endif
         return data;
+    #endif
+    }
+    static void nk_packed_free(void *data) {
+    #ifdef _WIN32
+        _aligned_free(data);
+    #else
+        free(data);
+    #endif
+    }
+    /* A read-only shared mapping of the first nbytes of an open file; the descriptor may be closed
+     * afterwards (the mapping keeps the file's contents, even once the path is replaced). NULL on
+     * failure. Page-aligned, so 64-byte aligned. */
+    static void *nk_map_file(int fd, size_t nbytes) {
+    #ifdef _WIN32
+        HANDLE file = (HANDLE)_get_osfhandle(fd);
+        HANDLE mapping = CreateFileMappingW(file, NULL, PAGE_READONLY, 0, 0, NULL);
+        if (!mapping) return NULL;
+        void *view = MapViewOfFile(mapping, FILE_MAP_READ, 0, 0, nbytes);
+        CloseHandle(mapping); /* the view keeps the mapping object alive */
+        return view;
+    #else
+        void *view = mmap(NULL, nbytes, PROT_READ, MAP_SHARED, fd, 0);
+        return view == MAP_FAILED ? NULL : view;
+    #endif
+    }
+    static void nk_unmap_file(void *view, size_t nbytes) {
+    #ifdef _WIN32
+        (void)nbytes;
+        UnmapViewOfFile(view);
+    #else
+        munmap(view, nbytes);
+    #endif
     }
     """
     void *nk_packed_alloc(size_t nbytes) nogil
+    void nk_packed_free(void *data) nogil
+    void *nk_map_file(int fd, size_t nbytes) nogil
+    void nk_unmap_file(void *view, size_t nbytes) nogil
 
 
 class Capability(enum.IntFlag):
-    """Kernel families, one bit each (the bits stored in packed buffers)."""
-    SERIAL = 1 << 0
-    HASWELL = 1 << 1
-    SKYLAKE = 1 << 2
-    ICELAKE = 1 << 3
-    SAPPHIRE = 1 << 4
-    SAPPHIREAMX = 1 << 5
-    NEON = 1 << 6
-    SVE = 1 << 7
-    SVE2 = 1 << 8
+    """Kernel families, one bit each (the bits stored in packed buffers; values from the C header)."""
+    SERIAL = nk_cap_serial_k
+    HASWELL = nk_cap_haswell_k
+    SKYLAKE = nk_cap_skylake_k
+    ICELAKE = nk_cap_icelake_k
+    SAPPHIREAMX = nk_cap_sapphireamx_k
+    NEON = nk_cap_neon_k
+    SVE = nk_cap_sve_k
+
+    def __str__(self):
+        """Family names joined by '|' (e.g. 'serial|haswell|skylake'), the names NUMKONG_DISABLE takes."""
+        return "|".join(_capability_names(self.value)) or "none"
 
 
-cdef uint64_t _known_capabilities = (1 << 9) - 1
+cdef uint64_t _known_capabilities = nk_cap_families_k
 
 
 def _capability_names(uint64_t mask):
@@ -62,39 +106,50 @@ def get_capabilities(kind="available"):
     "compiled" (built into this package) or "cpu" (supported by this CPU and OS).
     """
     if kind == "available":
-        return Capability(nk_capabilities_available())
+        return Capability(nk_capabilities_available() & _known_capabilities)
     if kind == "compiled":
-        return Capability(nk_capabilities_compiled())
+        return Capability(nk_capabilities_compiled() & _known_capabilities)
     if kind == "cpu":
         return Capability(nk_capabilities_cpu() & _known_capabilities)
     raise ValueError(f"kind must be 'available', 'compiled' or 'cpu', not {kind!r}")
 
 
 def _disable_capabilities(spec):
-    """Apply a NUMKONG_DISABLE-style comma-separated list of family names; strict."""
+    """Apply a NUMKONG_DISABLE-style comma-separated list of family names; strict, ASCII names only
+    (case-insensitive), so that Unicode case folding cannot turn another word into a family name."""
     cdef uint64_t mask = 0
+    valid = ", ".join(c.name.lower() for c in Capability if c is not Capability.SERIAL)
     for raw in spec.split(","):
-        name = raw.strip().lower()
+        name = raw.strip(" \t\r\n")
         if not name:
             continue
+        if not name.isascii():
+            raise ValueError(f"NUMKONG_DISABLE names {name!r}, which is not an ASCII family name; valid names: {valid}")
+        name = name.lower()
         if name == "serial":
             raise ValueError("NUMKONG_DISABLE cannot remove 'serial', the portable fallback")
-        try:
-            mask |= Capability[name.upper()].value
-        except KeyError:
-            valid = ", ".join(c.name.lower() for c in Capability if c is not Capability.SERIAL)
-            raise ValueError(f"NUMKONG_DISABLE names unknown kernel family {name!r}; valid names: {valid}") from None
+        family = Capability.__members__.get(name.upper())
+        if family is None:
+            raise ValueError(f"NUMKONG_DISABLE names unknown kernel family {name!r}; valid names: {valid}")
+        mask |= family.value
     nk_capabilities_disable(mask)
 
 
 cdef uint64_t _resolve_capabilities(object capabilities, uint64_t default) except? 0:
+    """The mask a call runs within: `default` for None, else a checked mask of available families."""
     if capabilities is None:
         return default
-    if isinstance(capabilities, bool) or not isinstance(capabilities, int):
-        raise TypeError(f"capabilities must be a Capability, an int mask or None, not {type(capabilities).__name__}")
-    value = int(capabilities)
-    if value <= 0 or value & ~_known_capabilities:
-        raise ValueError(f"capabilities={value:#x} is not a mask of Capability bits (1 .. {_known_capabilities:#x})")
+    if isinstance(capabilities, bool):
+        raise TypeError("capabilities must be a Capability, an int mask or None, not bool")
+    try:
+        value = operator.index(capabilities)
+    except TypeError:
+        raise TypeError(f"capabilities must be a Capability, an int mask or None, "
+                        f"not {type(capabilities).__name__}") from None
+    known = int(_known_capabilities)
+    if value <= 0 or value & ~known:
+        raise ValueError(f"capabilities={value:#x} is not a mask of Capability bits "
+                         f"({', '.join(f'{c.name}={c.value:#x}' for c in Capability)})")
     cdef uint64_t mask = value
     cdef uint64_t missing = mask & ~nk_capabilities_available()
     if missing:
@@ -104,17 +159,88 @@ cdef uint64_t _resolve_capabilities(object capabilities, uint64_t default) excep
     return mask
 
 
+cdef inline uint64_t _stored_mask(uint64_t stored) noexcept:
+    """The families a call on operands packed with the `stored` masks (ANDed) defaults to here:
+    the available ones among them (all of them for unrestricted packs), serial at least."""
+    return (stored & nk_capabilities_available()) | nk_cap_serial_k
+
+
+def _default_capabilities(*operands):
+    """The Capability mask scoring these packed operands runs within when capabilities=None."""
+    cdef uint64_t stored = NK_CAPABILITIES_ANY
+    for operand in operands:
+        if isinstance(operand, MaxSimPackedCorpus):
+            stored &= (<MaxSimPackedCorpus>operand).corpus.info.capabilities
+        else:
+            stored &= (<MaxSimPackedMatrix?>operand).matrix.info.capabilities
+    return Capability(_stored_mask(stored) & _known_capabilities)
+
+
 cdef inline int _check_stream(object stream) except -1:
     if stream is not None:
         raise ValueError("stream must be None: this numkong build has CPU kernels only")
     return 0
 
 
+cdef int _count(object value, str name) except -1:
+    """A non-negative integer argument (anything with __index__ but bool) that fits 64 bits."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
+    if value >= 2 ** 64:
+        raise ValueError(f"{name}={value} does not fit in 64 bits")
+    return 0
+
+
+# ---- C statuses to Python exceptions: the one place where they are mapped ----
+
+_STATUS_ERRORS = {
+    nk_error_argument_k: (ValueError, "{what}: invalid argument"),
+    nk_error_overflow_k: (ValueError, "{what} does not fit a packed buffer (its byte size overflows 64 bits)"),
+    nk_error_nonfinite_k: (ValueError, "row {row} contains NaN or infinity; MaxSim needs finite values"),
+    nk_error_corrupt_k: (ValueError, "corrupt packed {kind}: header, sizes or stored values are invalid or truncated"),
+    nk_error_buffer_small_k: (ValueError, "{what}: the output buffer is smaller than the packed size"),
+    nk_error_depth_mismatch_k: (ValueError, "{left} have depth {left_depth} but {right} {right_verb} depth "
+                                            "{right_depth}"),
+    nk_error_dtype_mismatch_k: (TypeError, "{left} were packed as {left_dtype} but {right} as {right_dtype}; "
+                                           "pack both with the same dtype"),
+    nk_error_empty_k: (ValueError, "{empty}"),
+    nk_error_version_k: (ValueError, "corrupt packed {kind}: it is in format version {found}, this numkong reads "
+                                     "version {expected}; pack the source arrays again"),
+}
+
+
+cdef int _raise_for(nk_status_t status, dict context) except -1:
+    """Raise the exception of a C status, its message filled from `context` (no-op for nk_ok_k)."""
+    if status == nk_ok_k:
+        return 0
+    exception, template = _STATUS_ERRORS.get(status, (ValueError, "{what}: unexpected status " + str(<int>status)))
+    try:
+        message = template.format(**context)
+    except KeyError:  # a status this call site does not expect: still a named, explained error
+        message = f"{context.get('what', 'numkong')}: {template.split('{')[0].strip() or 'error'} (status {<int>status})"
+    raise exception(message)
+
+
+cdef dict _pair_context(MaxSimPackedMatrix left, MaxSimPackedMatrix right, str left_name, str right_name,
+                        str right_verb):
+    return {"what": "scoring", "left": left_name, "right": right_name, "right_verb": right_verb,
+            "left_depth": left.matrix.info.depth, "right_depth": right.matrix.info.depth,
+            "left_dtype": left.dtype, "right_dtype": right.dtype,
+            "empty": f"{right_name} have no rows: the MaxSim of a non-empty query needs at least one document row"}
+
+
 # ---- dtypes ----
 
-_DTYPE_CODES = {
-    "float64": 1, "float32": 2, "float16": 3, "bfloat16": 4,
-    "e4m3": 5, "e5m2": 6, "e2m3": 7, "e3m2": 8,
+_DTYPE_CODES = {  # the nk_dtype_t codes of the C header
+    "float64": nk_dtype_float64_k, "float32": nk_dtype_float32_k, "float16": nk_dtype_float16_k,
+    "bfloat16": nk_dtype_bfloat16_k, "e4m3": nk_dtype_e4m3_k, "e5m2": nk_dtype_e5m2_k, "e2m3": nk_dtype_e2m3_k,
+    "e3m2": nk_dtype_e3m2_k,
 }
 _DTYPE_NAMES = {code: name for name, code in _DTYPE_CODES.items()}
 _DTYPE_ALIASES = {
@@ -231,56 +357,70 @@ cdef class MaxSimPackedMatrix:
     """
 
     def __cinit__(self):
-        self.data = NULL
+        self.matrix.data = NULL
+        self._owned = NULL
+        self._base = None
 
     def __init__(self, *args, **kwargs):
         raise TypeError("MaxSimPackedMatrix cannot be created directly; use numkong.maxsim_pack(matrix)")
 
     def __dealloc__(self):
-        free(self.data)
+        nk_packed_free(self._owned)
 
     @classmethod
     def pack_size(cls, vectors, depth, /, dtype):
         """Packed buffer size in bytes for `vectors` rows of `depth` elements of `dtype`."""
         cdef uint64_t nbytes = 0
         code = _DTYPE_CODES[_dtype_name(dtype)]
-        _check_count(vectors, "vectors")
-        _check_count(depth, "depth")
+        _count(vectors, "vectors")
+        _count(depth, "depth")
         if depth == 0:
             raise ValueError("depth must be at least 1")
-        status = nk_maxsim_pack_size(vectors, depth, code, &nbytes)
-        if status == nk_error_overflow_k:
-            raise ValueError(f"{vectors} x {depth} {_DTYPE_NAMES[code]} does not fit a packed buffer (byte size "
-                             f"overflows 64 bits)")
+        _raise_for(nk_maxsim_pack_size(vectors, depth, code, &nbytes),
+                   {"what": f"{vectors} x {depth} {_DTYPE_NAMES[code]}"})
         return nbytes
+
+    @property
+    def vectors(self):
+        """Number of vectors (rows)."""
+        return self.matrix.info.vectors
+
+    @property
+    def depth(self):
+        """Number of dimensions per vector."""
+        return self.matrix.info.depth
+
+    @property
+    def nbytes(self):
+        """Size of the packed buffer in bytes."""
+        return self.matrix.info.nbytes
 
     @property
     def dtype(self):
         """Data type of the packed vectors (canonical name, e.g. 'float32', 'bfloat16', 'e4m3')."""
-        _require_packed(self.data, self)
-        return _DTYPE_NAMES[self.dtype_code]
+        _require_packed(self.matrix.data, self)
+        return _DTYPE_NAMES[self.matrix.info.dtype]
 
     @property
     def shape(self):
         """(vectors, depth), read from the packed buffer header."""
-        cdef nk_maxsim_info_t info
-        if self.data == NULL or nk_maxsim_info(self.data, &info) != nk_ok_k:
-            return (0, 0)
-        return (info.vectors, info.depth)
+        return (self.matrix.info.vectors, self.matrix.info.depth)
 
     @property
     def capabilities(self):
-        """The Capability mask that packed this matrix."""
-        return Capability(self.packed_capabilities & _known_capabilities)
+        """The Capability mask this matrix was packed with: the families scoring it defaults to. A pack
+        without capabilities= is unrestricted and reports every family (each machine uses its best)."""
+        return Capability(self.matrix.info.capabilities & _known_capabilities)
 
     def __repr__(self):
-        if self.data == NULL:
+        if self.matrix.data == NULL:
             return "MaxSimPackedMatrix(<empty: not built by maxsim_pack>)"
         return (f"MaxSimPackedMatrix(vectors={self.vectors}, depth={self.depth}, dtype={self.dtype!r}, "
                 f"nbytes={self.nbytes})")
 
     def __getbuffer__(self, Py_buffer *buffer, int flags):
-        _export_bytes(self, buffer, flags, self.data, self.nbytes, self._buffer_shape, self._buffer_strides)
+        _export_bytes(self, buffer, flags, self.matrix.data, self.matrix.info.nbytes, self._buffer_shape,
+                      self._buffer_strides)
 
     def __releasebuffer__(self, Py_buffer *buffer):
         pass
@@ -291,21 +431,21 @@ cdef class MaxSimPackedMatrix:
         return (_load_packed, (bytes(memoryview(self)),))
 
 
-cdef int _require_packed(void *data, object owner) except -1:
+cdef int _require_packed(const void *data, object owner) except -1:
     """Objects made with __new__ (bypassing maxsim_pack) hold no buffer: refuse to use them."""
     if data == NULL:
         raise ValueError(f"this {type(owner).__name__} is empty (made without maxsim_pack); pack a matrix first")
     return 0
 
 
-cdef int _export_bytes(object owner, Py_buffer *buffer, int flags, void *data, uint64_t nbytes,
+cdef int _export_bytes(object owner, Py_buffer *buffer, int flags, const void *data, uint64_t nbytes,
                        Py_ssize_t *shape, Py_ssize_t *strides) except -1:
     """Expose `nbytes` at `data` as a read-only 1-D unsigned-byte buffer owned by `owner`."""
     if flags & PyBUF_WRITABLE:
         raise BufferError(f"a {type(owner).__name__} buffer is read-only")
     shape[0] = <Py_ssize_t>nbytes
     strides[0] = 1
-    buffer.buf = data
+    buffer.buf = <void *>data
     buffer.obj = owner
     buffer.len = <Py_ssize_t>nbytes
     buffer.readonly = 1
@@ -321,18 +461,8 @@ cdef int _export_bytes(object owner, Py_buffer *buffer, int flags, void *data, u
     return 0
 
 
-cdef int _check_count(object value, str name) except -1:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be non-negative, got {value}")
-    if value >= 2 ** 64:
-        raise ValueError(f"{name}={value} does not fit in 64 bits")
-    return 0
-
-
 cdef void *_packed_alloc(uint64_t nbytes, str what) except NULL:
-    """An aligned allocation for packed bytes (freed with free()); MemoryError when it fails."""
+    """An aligned allocation for packed bytes (freed with nk_packed_free()); MemoryError when it fails."""
     cdef void *data = NULL
     if nbytes <= <uint64_t>(<size_t>-1):
         data = nk_packed_alloc(<size_t>nbytes)
@@ -343,46 +473,31 @@ cdef void *_packed_alloc(uint64_t nbytes, str what) except NULL:
 
 cdef MaxSimPackedMatrix _allocate(uint64_t nbytes):
     cdef MaxSimPackedMatrix packed = MaxSimPackedMatrix.__new__(MaxSimPackedMatrix)
-    packed.data = _packed_alloc(nbytes, "matrix")
-    packed.nbytes = nbytes
+    packed._owned = _packed_alloc(nbytes, "matrix")
+    packed.matrix.data = packed._owned
+    packed.matrix.info.nbytes = nbytes
     return packed
 
 
-cdef void _adopt_header(MaxSimPackedMatrix packed):
-    cdef nk_maxsim_info_t info
-    nk_maxsim_info(packed.data, &info)
-    packed.vectors = info.vectors
-    packed.depth = info.depth
-    packed.dtype_code = info.dtype
-    packed.packed_capabilities = info.capabilities
-
-
 def _load_packed(data):
-    """Rebuild a packed matrix from its bytes (the pickle path); validates everything."""
+    """Rebuild a packed matrix from its bytes (the pickle path): always a private copy, validated and
+    its derived sections rebuilt, so nothing another holder of `data` does can change it later."""
     cdef Py_buffer view
-    cdef nk_maxsim_info_t info
     cdef nk_status_t status
+    cdef uint32_t version
     try:
         PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     except TypeError:
         raise TypeError(f"a packed matrix loads from a bytes-like object, not {type(data).__name__}") from None
     try:
-        if view.len < 128:
-            raise ValueError(f"corrupt packed matrix: {view.len} bytes is shorter than the 128-byte header")
         packed = _allocate(<uint64_t>view.len)
-        memcpy(packed.data, view.buf, <size_t>view.len)
+        memcpy(packed._owned, view.buf, <size_t>view.len)
     finally:
         PyBuffer_Release(&view)
     with nogil:
-        status = nk_maxsim_load(packed.data, packed.nbytes, &info)
-    cdef uint32_t version
-    if status != nk_ok_k:
-        memcpy(&version, <char *>packed.data + 8, 4)
-        if memcmp(packed.data, b"NKMAXSIM", 8) == 0 and version != NK_MAXSIM_FORMAT_VERSION:
-            raise ValueError(f"corrupt packed matrix: it is in format version {version}, this numkong reads version "
-                             f"{NK_MAXSIM_FORMAT_VERSION}; pack the source arrays again")
-        raise ValueError("corrupt packed matrix: header, sizes or stored values are invalid or truncated")
-    _adopt_header(packed)
+        status = nk_maxsim_load(packed._owned, packed.matrix.info.nbytes, &packed.matrix.info)
+        version = nk_maxsim_format_version(packed._owned, packed.matrix.info.nbytes)
+    _raise_for(status, {"kind": "matrix", "found": version, "expected": NK_MAXSIM_FORMAT_VERSION})
     return packed
 
 
@@ -394,12 +509,13 @@ def maxsim_pack(b, /, dtype=None, *, capabilities=None, stream=None):
     dtype: packing dtype ('float64', 'float32', 'float16', 'bfloat16', 'e4m3', 'e5m2', 'e2m3', 'e3m2',
        aliases, or the scalar types); None keeps the input's float format. A cast rounds to nearest even,
        after scaling each row by a power of two so that narrow formats neither overflow nor flush.
-    capabilities: Capability mask recorded in the packed matrix (default: every available family).
+    capabilities: a Capability mask to restrict scoring of this matrix to (recorded in the buffer);
+       None (default) records no restriction, so every machine scores it with its best families.
     stream: must be None (CPU build).
     Raises ValueError naming the row for NaN or infinity.
     """
     _check_stream(stream)
-    cdef uint64_t mask = _resolve_capabilities(capabilities, nk_capabilities_available())
+    cdef uint64_t mask = _resolve_capabilities(capabilities, NK_CAPABILITIES_ANY)
     arr = _as_matrix(b, "b")
     name = _infer_dtype_name(arr, "b") if dtype is None else _dtype_name(dtype)
     if dtype is not None and not (_is_float_dtype(arr.dtype) or arr.dtype.kind in "iub"):
@@ -407,15 +523,16 @@ def maxsim_pack(b, /, dtype=None, *, capabilities=None, stream=None):
     return _pack(arr, name, mask)
 
 
-cdef int _pack_into(object arr, str name, uint64_t mask, void *out, uint64_t capacity) except -1:
-    """Pack a checked 2-D array into `capacity` bytes at `out` (64-byte aligned)."""
+cdef int _pack_into(object arr, str name, uint64_t mask, void *out, uint64_t capacity,
+                    nk_maxsim_info_t *info) except -1:
+    """Pack a checked 2-D array into `capacity` bytes at `out` (64-byte aligned); fill *info."""
     cdef int code = _DTYPE_CODES[name]
     cdef int source_code = code
     if arr.dtype != _NUMPY_DTYPES[name] or not arr.flags.aligned:
         # Any other format goes through float64, which holds every supported input exactly
         # (integers beyond 2**53 round once); the C packer then rounds to nearest even.
         arr = arr.astype(np.float64)
-        source_code = 1
+        source_code = nk_dtype_float64_k
     cdef uint64_t vectors = arr.shape[0], depth = arr.shape[1], bad_row = 0
     cdef uintptr_t source = arr.__array_interface__["data"][0]
     cdef int64_t row_stride = arr.strides[0]
@@ -423,61 +540,58 @@ cdef int _pack_into(object arr, str name, uint64_t mask, void *out, uint64_t cap
     with nogil:
         status = nk_maxsim_pack(<const void *>source, source_code, row_stride, vectors, depth, code, mask,
                                 out, capacity, &bad_row)
-    if status == nk_error_nonfinite_k:
-        raise ValueError(f"row {bad_row} contains NaN or infinity; MaxSim needs finite values")
-    if status != nk_ok_k:
-        raise RuntimeError(f"packing failed with status {status}")
+        if status == nk_ok_k:
+            status = nk_maxsim_info(out, info)
+    _raise_for(status, {"what": f"{vectors} x {depth} {name}", "row": bad_row})
     return 0
 
 
 cdef MaxSimPackedMatrix _pack(object arr, str name, uint64_t mask):
     cdef uint64_t nbytes = 0
-    cdef int code = _DTYPE_CODES[name]
-    if nk_maxsim_pack_size(arr.shape[0], arr.shape[1], code, &nbytes) != nk_ok_k:
-        raise ValueError(f"{arr.shape[0]} x {arr.shape[1]} {name} does not fit a packed buffer "
-                         f"(byte size overflows 64 bits)")
+    _raise_for(nk_maxsim_pack_size(arr.shape[0], arr.shape[1], _DTYPE_CODES[name], &nbytes),
+               {"what": f"{arr.shape[0]} x {arr.shape[1]} {name}"})
     cdef MaxSimPackedMatrix packed = _allocate(nbytes)
-    _pack_into(arr, name, mask, packed.data, nbytes)
-    _adopt_header(packed)
+    _pack_into(arr, name, mask, packed._owned, nbytes, &packed.matrix.info)
     return packed
 
 
 cdef nk_status_t maxsim_packed_nogil(MaxSimPackedMatrix queries, MaxSimPackedMatrix documents,
                                      uint64_t capabilities, double *result) noexcept nogil:
-    return nk_maxsim_score(queries.data, documents.data, capabilities, result)
+    return nk_maxsim_score_matrices(&queries.matrix, &documents.matrix, capabilities, result)
 
 
 cdef double _score(MaxSimPackedMatrix queries, MaxSimPackedMatrix documents, uint64_t mask) except? -1:
     cdef double result = 0.0
     cdef nk_status_t status
-    _require_packed(queries.data, queries)
-    _require_packed(documents.data, documents)
-    if queries.dtype_code != documents.dtype_code:
-        raise TypeError(f"queries were packed as {queries.dtype} but documents as {documents.dtype}; "
-                        f"pack both with the same dtype")
-    if queries.depth != documents.depth:
-        raise ValueError(f"queries have depth {queries.depth} but documents have depth {documents.depth}")
-    if queries.vectors and not documents.vectors:
-        raise ValueError("documents have no rows: the MaxSim of a non-empty query needs at least one document row")
+    _require_packed(queries.matrix.data, queries)
+    _require_packed(documents.matrix.data, documents)
     with nogil:
-        status = nk_maxsim_score(queries.data, documents.data, mask, &result)
+        status = nk_maxsim_score_matrices(&queries.matrix, &documents.matrix, mask, &result)
     if status != nk_ok_k:
-        raise RuntimeError(f"scoring failed with status {status}")
+        _raise_for(status, _pair_context(queries, documents, "queries", "documents", "have"))
     return result
 
 
-def maxsim_packed(MaxSimPackedMatrix queries not None, MaxSimPackedMatrix documents not None, /, *,
-                  capabilities=None, stream=None):
+cdef int _require_matrix(object operand, str role) except -1:
+    if not isinstance(operand, MaxSimPackedMatrix):
+        raise TypeError(f"{role} must be a MaxSimPackedMatrix from numkong.maxsim_pack(), not "
+                        f"{type(operand).__name__}; to score arrays directly use numkong.maxsim(queries, documents)")
+    return 0
+
+
+def maxsim_packed(queries, documents, /, *, capabilities=None, stream=None):
     """MaxSim late-interaction score of two packed matrices, as a Python float.
 
     Returns sum over query rows of min over document rows of max(0, 1 - cos): the sum of per-query minimum
-    angular distances (query_count - maxsim is the ColBERT similarity sum of max cos while no cosine is
-    negative). capabilities defaults to the intersection of the masks that packed both operands.
+    angular distances (query_count - maxsim is the ColBERT similarity, sum of max cos). capabilities
+    defaults to the families both operands were packed for (every available one unless restricted).
     """
+    _require_matrix(queries, "queries")
+    _require_matrix(documents, "documents")
     _check_stream(stream)
-    cdef uint64_t available = nk_capabilities_available()
-    cdef uint64_t default = (queries.packed_capabilities & documents.packed_capabilities & available) | 1
-    return _score(queries, documents, _resolve_capabilities(capabilities, default))
+    cdef MaxSimPackedMatrix q = queries, d = documents
+    cdef uint64_t default = _stored_mask(q.matrix.info.capabilities & d.matrix.info.capabilities)
+    return _score(q, d, _resolve_capabilities(capabilities, default))
 
 
 def maxsim(queries, documents, /, dtype=None, *, capabilities=None, stream=None):

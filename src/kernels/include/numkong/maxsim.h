@@ -22,8 +22,12 @@ extern "C" {
 #endif
 
 /* Version of the packed byte format, stored in every header (a native-endian uint32 at byte 8):
- * bytes of another version do not load. 2: minifloat rows may have power-of-two screening steps. */
-#define NK_MAXSIM_FORMAT_VERSION 2u
+ * bytes of another version do not load (nk_error_version_k). 2: minifloat rows may have power-of-two
+ * screening steps. 3: the stored capability mask is the caller's restriction, NK_CAPABILITIES_ANY
+ * when there is none. */
+#define NK_MAXSIM_FORMAT_VERSION 3u
+/* Version of the packed corpus format (same rules). 2: documents of format version 3. */
+#define NK_CORPUS_FORMAT_VERSION 2u
 
 /* Packing dtypes. The numeric codes are stored in packed buffers: never renumber. */
 typedef enum nk_dtype {
@@ -37,18 +41,23 @@ typedef enum nk_dtype {
     nk_dtype_e3m2_k = 8, /* OCP MX FP6 E3M2 in the low 6 bits of a byte */
 } nk_dtype_t;
 
-/* Kernel families, one bit each. Stored in packed buffers: never renumber. */
+/* Kernel families, one bit each. Stored in packed buffers: never renumber. Bits 4 and 8 are
+ * reserved (for AVX-512 FP16/BF16 and SVE2 families that have no kernels yet). */
 enum {
-    nk_cap_serial_k = 1u << 0,
+    nk_cap_serial_k = 1u << 0,      /* portable C */
     nk_cap_haswell_k = 1u << 1,     /* AVX2 + FMA + F16C */
     nk_cap_skylake_k = 1u << 2,     /* AVX-512 F/CD/BW/DQ/VL */
     nk_cap_icelake_k = 1u << 3,     /* + VNNI, VBMI, VBMI2, BITALG, VPOPCNTDQ */
-    nk_cap_sapphire_k = 1u << 4,    /* + AVX-512 FP16, BF16 (reserved) */
-    nk_cap_sapphireamx_k = 1u << 5, /* + AMX (reserved) */
+    nk_cap_sapphireamx_k = 1u << 5, /* + AMX-TILE, AMX-INT8 */
     nk_cap_neon_k = 1u << 6,        /* Arm Advanced SIMD + dotprod + fp16 */
     nk_cap_sve_k = 1u << 7,         /* Arm SVE */
-    nk_cap_sve2_k = 1u << 8,        /* Arm SVE2 (reserved) */
+    nk_cap_families_k = nk_cap_serial_k | nk_cap_haswell_k | nk_cap_skylake_k | nk_cap_icelake_k |
+                        nk_cap_sapphireamx_k | nk_cap_neon_k | nk_cap_sve_k, /* every named family */
 };
+/* The mask an unrestricted pack stores: scoring elsewhere uses that machine's best families. */
+#define NK_CAPABILITIES_ANY (~(uint64_t)0)
+/* Most threads nk_maxsim_score_corpus runs on; larger requests are capped. */
+#define NK_CORPUS_MAX_THREADS 256u
 
 typedef enum nk_status {
     nk_ok_k = 0,
@@ -59,7 +68,9 @@ typedef enum nk_status {
     nk_error_buffer_small_k = 5,   /* output buffer smaller than nk_maxsim_pack_size() */
     nk_error_depth_mismatch_k = 6, /* queries and documents have different depths */
     nk_error_dtype_mismatch_k = 7, /* queries and documents were packed in different dtypes */
-    nk_error_empty_k = 8,          /* documents have no rows while queries have some */
+    nk_error_empty_k = 8,          /* documents have no rows while queries have some; a corpus without
+                                    * documents or with a 0-row document */
+    nk_error_version_k = 9,        /* bytes of another format version (nk_maxsim_format_version says which) */
 } nk_status_t;
 
 /* What a packed buffer's header says, after validation. */
@@ -67,9 +78,18 @@ typedef struct nk_maxsim_info {
     uint64_t vectors;
     uint64_t depth;
     uint64_t nbytes;
-    uint64_t capabilities; /* the mask that packed it */
+    uint64_t capabilities; /* the restriction it was packed with, or NK_CAPABILITIES_ANY */
     uint32_t dtype;        /* an nk_dtype_t */
 } nk_maxsim_info_t;
+
+/* A validated packed matrix: its bytes and what validation found in its header. Scoring a matrix
+ * reads its sections at offsets derived from `info`, never its header bytes again, so the bytes may
+ * be shared (a memory map, another process's buffer): a writer can change values, but cannot send
+ * a read out of bounds. */
+typedef struct nk_maxsim_matrix {
+    void const *data; /* 64-byte aligned */
+    nk_maxsim_info_t info;
+} nk_maxsim_matrix_t;
 
 /* Bytes per stored element of a dtype, or 0 for an unknown code. */
 size_t nk_dtype_itemsize(int dtype);
@@ -81,28 +101,40 @@ nk_status_t nk_maxsim_pack_size(uint64_t vectors, uint64_t depth, int dtype, uin
  * `src` holds rows of `source_dtype`, which is either `dtype` itself (stored bit-exact, unless
  * the row is outside the kernels' safe range) or nk_dtype_float64_k (cast with round-to-nearest-
  * even after scaling each row by a power of two). Rows are `row_stride` bytes apart (any sign).
- * On nk_error_nonfinite_k, *bad_row is the first row holding NaN or infinity. */
+ * `capabilities` is the caller's restriction, NK_CAPABILITIES_ANY for none. Each row is checked as
+ * stored, so a source changing under the packer cannot plant a NaN or infinity: on
+ * nk_error_nonfinite_k, *bad_row is the first row holding one. */
 nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride, uint64_t vectors, uint64_t depth,
                            int dtype, uint64_t capabilities, void *out, uint64_t out_nbytes, uint64_t *bad_row);
 
 /* Validate `nbytes` of untrusted bytes in place (64-byte aligned, writable) and rebuild every
  * derived section from the stored values, so a loaded buffer is as trustworthy as a fresh one.
- * Fills *info. nk_error_corrupt_k for anything inconsistent. */
+ * Fills *info. nk_error_corrupt_k for anything inconsistent, nk_error_version_k for bytes of
+ * another format version. */
 nk_status_t nk_maxsim_load(void *buf, uint64_t nbytes, nk_maxsim_info_t *info);
 
 /* Validate read-only untrusted bytes (e.g. memory-mapped): header, layout, stored values, and every
- * derived section equal to what the packer would compute. nk_error_corrupt_k otherwise. */
+ * derived section equal to what the packer would compute. nk_error_corrupt_k (or
+ * nk_error_version_k) otherwise. */
 nk_status_t nk_maxsim_verify(void const *buf, uint64_t nbytes, nk_maxsim_info_t *info);
 
 /* Read the header of a buffer produced by nk_maxsim_pack() or nk_maxsim_load(). */
 nk_status_t nk_maxsim_info(void const *buf, nk_maxsim_info_t *info);
 
-/* Score packed queries against packed documents into *result, using the best kernel family
- * within `capabilities` & nk_capabilities_available() (serial is always allowed).
- * Both buffers must come from nk_maxsim_pack() or nk_maxsim_load(). Does not allocate,
- * does not touch the GIL, safe to call from many threads on the same buffers. Its scratch is on
- * the calling thread's stack, up to about 140 KB (the AMX family): a thread you create for it
- * needs a stack of at least 256 KB (glibc gives 8 MB by default, musl only 128 KB). */
+/* The format version in the first `nbytes` bytes if they start like a packed matrix (or, for
+ * nk_corpus_format_version, a corpus); 0 otherwise. For the message of nk_error_version_k. */
+uint32_t nk_maxsim_format_version(void const *buf, uint64_t nbytes);
+uint32_t nk_corpus_format_version(void const *buf, uint64_t nbytes);
+
+/* Score validated packed queries against validated packed documents into *result, using the best
+ * kernel family within `capabilities` & nk_capabilities_available() (serial is always allowed).
+ * Does not allocate, does not touch the GIL, safe to call from many threads on the same buffers.
+ * Its scratch is on the calling thread's stack, up to about 140 KB (the AMX family): a thread you
+ * create for it needs a stack of at least 256 KB (glibc gives 8 MB by default, musl only 128 KB). */
+nk_status_t nk_maxsim_score_matrices(nk_maxsim_matrix_t const *queries, nk_maxsim_matrix_t const *documents,
+                                     uint64_t capabilities, double *result);
+/* The same for buffers that only this caller can write (from nk_maxsim_pack() or nk_maxsim_load()):
+ * reads both headers, then scores as nk_maxsim_score_matrices. */
 nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t capabilities, double *result);
 
 /* ---- Packed corpora: many documents of different lengths in one portable buffer. ---- */
@@ -117,27 +149,42 @@ typedef struct nk_corpus_info {
     uint64_t depth;
     uint64_t total_vectors;
     uint64_t nbytes;
-    uint64_t capabilities;
+    uint64_t capabilities; /* as in nk_maxsim_info_t */
     uint32_t dtype;
 } nk_corpus_info_t;
+
+/* A validated corpus: its bytes, its header as validated, and its document table in memory the
+ * caller owns (a private copy for shared bytes). Scoring reads documents at table offsets, never
+ * the header or table bytes inside `data` again. */
+typedef struct nk_corpus {
+    void const *data;
+    nk_corpus_info_t info;
+    nk_corpus_entry_t const *table; /* info.documents entries */
+} nk_corpus_t;
 
 /* Exact byte size of a corpus of documents with lengths[0 .. documents). */
 nk_status_t nk_corpus_pack_size(uint64_t const *lengths, uint64_t documents, uint64_t depth, int dtype,
                                 uint64_t *nbytes);
-/* Write the header and document table into `out` (64-byte aligned). Then pack each document with
- * nk_maxsim_pack() into nk_corpus_document(out, i, &capacity). */
+/* Write the header and document table of a corpus into `out` (64-byte aligned) and describe it in
+ * *corpus, whose table points into `out`. Every length must be at least 1 and documents >= 1
+ * (nk_error_empty_k). Then pack each document with nk_maxsim_pack() into nk_corpus_document(). */
 nk_status_t nk_corpus_init(uint64_t const *lengths, uint64_t documents, uint64_t depth, int dtype,
-                           uint64_t capabilities, void *out, uint64_t out_nbytes);
-/* Document i's packed matrix inside a corpus (and its byte size, if nbytes is not NULL). */
-void *nk_corpus_document(void const *corpus, uint64_t index, uint64_t *nbytes);
-/* Validate read-only untrusted bytes as a corpus, every document verified. nk_error_corrupt_k otherwise. */
-nk_status_t nk_corpus_verify(void const *buf, uint64_t nbytes, nk_corpus_info_t *info);
-/* Read the header of a corpus built by nk_corpus_init() or checked by nk_corpus_verify(). */
-nk_status_t nk_corpus_info(void const *buf, nk_corpus_info_t *info);
+                           uint64_t capabilities, void *out, uint64_t out_nbytes, nk_corpus_t *corpus);
+/* Document i of a validated corpus, as a matrix (its bytes and info), and its byte size. */
+nk_maxsim_matrix_t nk_corpus_document(nk_corpus_t const *corpus, uint64_t index, uint64_t *nbytes);
+/* Step 1 of loading untrusted bytes: validate the header alone and copy it into *info (so the table
+ * size is known before the table is read). nk_error_corrupt_k, nk_error_version_k or
+ * nk_error_empty_k (no documents) otherwise. */
+nk_status_t nk_corpus_header(void const *buf, uint64_t nbytes, nk_corpus_info_t *info);
+/* Step 2: copy the document table into `table` (info->documents entries, caller-owned), check it
+ * against *info (offsets, lengths >= 1, sizes), and, when `verify_documents`, verify every document
+ * (stored values and derived sections, as nk_maxsim_verify). Never re-reads the header. */
+nk_status_t nk_corpus_verify(void const *buf, nk_corpus_info_t const *info, nk_corpus_entry_t *table,
+                             int verify_documents);
 /* scores[i * documents + j] = MaxSim of queries[i] against document j (each bit-identical to
- * nk_maxsim_score on that pair), on up to `threads` threads (the caller's included). Every document
- * must have at least one row (nk_error_empty_k). Creates and joins its own threads; no other allocation. */
-nk_status_t nk_maxsim_score_corpus(void const *const *queries, uint64_t query_count, void const *corpus,
+ * nk_maxsim_score_matrices on that pair), on up to `threads` threads (the caller's included, at most
+ * NK_CORPUS_MAX_THREADS). Creates and joins its own threads; no other allocation. */
+nk_status_t nk_maxsim_score_corpus(nk_maxsim_matrix_t const *queries, uint64_t query_count, nk_corpus_t const *corpus,
                                    uint64_t capabilities, uint64_t threads, double *scores);
 
 /* Families compiled into this build. */
