@@ -4,7 +4,11 @@
 
 #if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
 #define NK_TARGET_X86 1
+#if defined(_MSC_VER) && !defined(__clang__)
+#include <intrin.h>
+#else
 #include <cpuid.h>
+#endif
 #elif defined(__aarch64__) && defined(__linux__)
 #define NK_TARGET_ARM_LINUX 1
 #include <sys/auxv.h>
@@ -27,23 +31,43 @@ static int nk_request_amx(void) {
 #endif
 }
 
+/* registers[0..3] = eax, ebx, ecx, edx of CPUID(leaf, subleaf). */
+static void nk_cpuid(unsigned leaf, unsigned subleaf, unsigned registers[4]) {
+#if defined(_MSC_VER) && !defined(__clang__)
+    int values[4];
+    __cpuidex(values, (int)leaf, (int)subleaf);
+    for (int i = 0; i < 4; ++i) registers[i] = (unsigned)values[i];
+#else
+    __cpuid_count(leaf, subleaf, registers[0], registers[1], registers[2], registers[3]);
+#endif
+}
+
 static uint64_t nk_xgetbv0(void) {
+#if defined(_MSC_VER) && !defined(__clang__)
+    return (uint64_t)_xgetbv(0);
+#else
     uint32_t eax, edx;
     __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
     return ((uint64_t)edx << 32) | eax;
+#endif
 }
 
 static uint64_t nk_probe_cpu(void) {
     uint64_t caps = nk_cap_serial_k;
-    unsigned eax, ebx, ecx, edx;
-    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return caps;
+    unsigned registers[4];
+    nk_cpuid(0, 0, registers);
+    unsigned max_leaf = registers[0];
+    if (max_leaf < 1) return caps;
+    nk_cpuid(1, 0, registers);
+    unsigned ecx = registers[2], ebx, edx;
     int fma = (ecx >> 12) & 1, osxsave = (ecx >> 27) & 1, avx = (ecx >> 28) & 1, f16c = (ecx >> 29) & 1;
     if (!osxsave || !avx) return caps;
     uint64_t xcr0 = nk_xgetbv0();
     int os_avx = (xcr0 & 0x6) == 0x6;             /* XMM and YMM state */
     int os_avx512 = os_avx && (xcr0 & 0xE0) == 0xE0; /* opmask, ZMM_Hi256, Hi16_ZMM */
-    if (!os_avx || __get_cpuid_max(0, 0) < 7) return caps;
-    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    if (!os_avx || max_leaf < 7) return caps;
+    nk_cpuid(7, 0, registers);
+    ebx = registers[1], ecx = registers[2], edx = registers[3];
     int avx2 = (ebx >> 5) & 1;
     int avx512f = (ebx >> 16) & 1, avx512dq = (ebx >> 17) & 1, avx512cd = (ebx >> 28) & 1;
     int avx512bw = (ebx >> 30) & 1, avx512vl = (ebx >> 31) & 1;
@@ -110,19 +134,19 @@ static uint64_t nk_cpu_cache = 0;
 static uint64_t nk_disabled = 0;
 
 uint64_t nk_capabilities_cpu(void) {
-    uint64_t caps = __atomic_load_n(&nk_cpu_cache, __ATOMIC_RELAXED);
+    uint64_t caps = nk_atomic_load_u64(&nk_cpu_cache);
     if (!caps) {
         caps = nk_probe_cpu();
-        __atomic_store_n(&nk_cpu_cache, caps, __ATOMIC_RELAXED);
+        nk_atomic_store_u64(&nk_cpu_cache, caps);
     }
     return caps;
 }
 
 void nk_capabilities_disable(uint64_t mask) {
-    __atomic_fetch_or(&nk_disabled, mask & ~(uint64_t)nk_cap_serial_k, __ATOMIC_RELAXED);
+    nk_atomic_fetch_or_u64(&nk_disabled, mask & ~(uint64_t)nk_cap_serial_k);
 }
 
 uint64_t nk_capabilities_available(void) {
-    return (nk_capabilities_compiled() & nk_capabilities_cpu() & ~__atomic_load_n(&nk_disabled, __ATOMIC_RELAXED)) |
+    return (nk_capabilities_compiled() & nk_capabilities_cpu() & ~nk_atomic_load_u64(&nk_disabled)) |
            nk_cap_serial_k;
 }

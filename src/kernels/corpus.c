@@ -1,11 +1,14 @@
 /* Packed corpora (many variable-length documents in one buffer) and multi-threaded scoring. */
+#ifdef _WIN32
+#include <windows.h>
+#else
 #include <pthread.h>
+#endif
 
 #include "maxsim_internal.h"
 
-static int nk_add_u64(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
 static int nk_align_u64(uint64_t a, uint64_t *out) {
-    if (!nk_add_u64(a, NK_SECTION_ALIGN - 1, out)) return 0;
+    if (!nk_u64_add(a, NK_SECTION_ALIGN - 1, out)) return 0;
     *out &= ~(uint64_t)(NK_SECTION_ALIGN - 1);
     return 1;
 }
@@ -25,15 +28,15 @@ static nk_status_t nk_corpus_layout(uint64_t const *lengths, size_t stride, uint
     h->documents = documents;
     h->table_offset = NK_HEADER_BYTES;
     uint64_t table_bytes, cursor;
-    if (__builtin_mul_overflow(documents, (uint64_t)sizeof(nk_corpus_entry_t), &table_bytes) ||
-        !nk_add_u64(NK_HEADER_BYTES, table_bytes, &cursor))
+    if (!nk_u64_mul(documents, (uint64_t)sizeof(nk_corpus_entry_t), &table_bytes) ||
+        !nk_u64_add(NK_HEADER_BYTES, table_bytes, &cursor))
         return nk_error_overflow_k;
     for (uint64_t i = 0; i < documents; ++i) {
         uint64_t offset, bytes, vectors = lengths[i * stride];
         nk_status_t status = nk_maxsim_pack_size(vectors, depth, dtype, &bytes);
         if (status != nk_ok_k) return status;
-        if (!nk_align_u64(cursor, &offset) || !nk_add_u64(offset, bytes, &cursor) ||
-            !nk_add_u64(h->total_vectors, vectors, &h->total_vectors))
+        if (!nk_align_u64(cursor, &offset) || !nk_u64_add(offset, bytes, &cursor) ||
+            !nk_u64_add(h->total_vectors, vectors, &h->total_vectors))
             return nk_error_overflow_k;
         if (mode == nk_table_write_k) table[i] = (nk_corpus_entry_t){offset, vectors};
         if (mode == nk_table_compare_k && table[i].offset != offset) return nk_error_corrupt_k;
@@ -113,8 +116,8 @@ nk_status_t nk_corpus_header(void const *buf, uint64_t nbytes, nk_corpus_info_t 
     /* The fields the table cannot confirm: the table must fit, sizes must match what was given. */
     uint64_t table_end;
     if (!nk_dtype_itemsize((int)given.dtype) || given.table_offset != NK_HEADER_BYTES || given.nbytes != nbytes ||
-        __builtin_mul_overflow(given.documents, (uint64_t)sizeof(nk_corpus_entry_t), &table_end) ||
-        !nk_add_u64(table_end, NK_HEADER_BYTES, &table_end) || table_end > nbytes)
+        !nk_u64_mul(given.documents, (uint64_t)sizeof(nk_corpus_entry_t), &table_end) ||
+        !nk_u64_add(table_end, NK_HEADER_BYTES, &table_end) || table_end > nbytes)
         return nk_error_corrupt_k;
     for (size_t i = 0; i < sizeof(given.reserved); ++i)
         if (given.reserved[i]) return nk_error_corrupt_k;
@@ -167,7 +170,7 @@ typedef struct nk_corpus_job {
 
 static void nk_corpus_prefetch(nk_maxsim_view_t const *document) {
     char const *first = (char const *)document->inv_norms, *end = (char const *)(document->screen_sums + document->vectors);
-    for (char const *at = first; at < end; at += 64) __builtin_prefetch(at, 0, 2);
+    for (char const *at = first; at < end; at += 64) nk_prefetch(at);
 }
 
 static void nk_corpus_view(nk_corpus_t const *corpus, uint64_t index, nk_maxsim_view_t *view) {
@@ -180,7 +183,7 @@ static void *nk_corpus_worker(void *argument) {
     nk_corpus_job_t *job = (nk_corpus_job_t *)argument;
     uint64_t documents = job->corpus->info.documents;
     for (;;) {
-        uint64_t first = __atomic_fetch_add(&job->next, NK_CORPUS_CLAIM, __ATOMIC_RELAXED);
+        uint64_t first = nk_atomic_fetch_add_u64(&job->next, NK_CORPUS_CLAIM);
         if (first >= documents) return NULL;
         uint64_t end = documents - first < NK_CORPUS_CLAIM ? documents : first + NK_CORPUS_CLAIM;
         nk_maxsim_view_t current, next;
@@ -195,19 +198,44 @@ static void *nk_corpus_worker(void *argument) {
             for (uint64_t i = 0; i < job->query_count; ++i) {
                 nk_status_t status = nk_maxsim_score_views(job->kernel, &job->queries[i], &current,
                                                            &job->scores[i * documents + document]);
-                if (status != nk_ok_k) {
-                    int none = nk_ok_k;
-                    __atomic_compare_exchange_n(&job->status, &none, (int)status, 0, __ATOMIC_RELAXED,
-                                                __ATOMIC_RELAXED);
-                }
+                if (status != nk_ok_k) nk_atomic_set_if_zero_i32(&job->status, (int)status);
             }
         }
     }
 }
 
+/* The kernels keep their scratch on the stack (under 256 KB): more than some C libraries give a new
+ * thread by default (musl: 128 KB), so ask for it. */
 #define NK_CORPUS_STACK_BYTES (1u << 20)
 /* Query views are kept on the stack in batches of this many. */
 #define NK_CORPUS_QUERY_BATCH 64u
+
+#ifdef _WIN32
+typedef HANDLE nk_thread_t;
+static DWORD WINAPI nk_thread_main(LPVOID job) {
+    nk_corpus_worker(job);
+    return 0;
+}
+static int nk_thread_start(nk_thread_t *thread, nk_corpus_job_t *job) {
+    *thread = CreateThread(NULL, NK_CORPUS_STACK_BYTES, nk_thread_main, job, 0, NULL);
+    return *thread != NULL;
+}
+static void nk_thread_join(nk_thread_t thread) {
+    WaitForSingleObject(thread, INFINITE);
+    CloseHandle(thread);
+}
+#else
+typedef pthread_t nk_thread_t;
+static int nk_thread_start(nk_thread_t *thread, nk_corpus_job_t *job) {
+    pthread_attr_t attributes;
+    int have_attributes = pthread_attr_init(&attributes) == 0;
+    if (have_attributes) pthread_attr_setstacksize(&attributes, NK_CORPUS_STACK_BYTES);
+    int started = pthread_create(thread, have_attributes ? &attributes : NULL, nk_corpus_worker, job) == 0;
+    if (have_attributes) pthread_attr_destroy(&attributes);
+    return started;
+}
+static void nk_thread_join(nk_thread_t thread) { pthread_join(thread, NULL); }
+#endif
 
 nk_status_t nk_maxsim_score_corpus(nk_maxsim_matrix_t const *queries, uint64_t query_count, nk_corpus_t const *corpus,
                                    uint64_t capabilities, uint64_t threads, double *scores) {
@@ -230,19 +258,11 @@ nk_status_t nk_maxsim_score_corpus(nk_maxsim_matrix_t const *queries, uint64_t q
         uint64_t count = query_count - batch < NK_CORPUS_QUERY_BATCH ? query_count - batch : NK_CORPUS_QUERY_BATCH;
         for (uint64_t i = 0; i < count; ++i) nk_maxsim_view_init(&queries[batch + i], &views[i]);
         nk_corpus_job_t job = {views, count, corpus, kernel, scores + batch * documents, 0, nk_ok_k};
-        pthread_t helpers[NK_CORPUS_MAX_THREADS];
+        nk_thread_t helpers[NK_CORPUS_MAX_THREADS];
         uint64_t started = 0;
-        /* The kernels keep their scratch on the stack (under 256 KB): more than some C libraries give a
-         * new thread by default (musl: 128 KB), so ask for it. */
-        pthread_attr_t attributes;
-        int have_attributes = pthread_attr_init(&attributes) == 0;
-        if (have_attributes) pthread_attr_setstacksize(&attributes, NK_CORPUS_STACK_BYTES);
-        for (; started + 1 < threads; ++started)
-            if (pthread_create(&helpers[started], have_attributes ? &attributes : NULL, nk_corpus_worker, &job) != 0)
-                break; /* fewer threads is fine */
-        if (have_attributes) pthread_attr_destroy(&attributes);
+        while (started + 1 < threads && nk_thread_start(&helpers[started], &job)) ++started; /* fewer is fine */
         nk_corpus_worker(&job);
-        for (uint64_t i = 0; i < started; ++i) pthread_join(helpers[i], NULL);
+        for (uint64_t i = 0; i < started; ++i) nk_thread_join(helpers[i]);
         if (job.status != nk_ok_k) return (nk_status_t)job.status;
     }
     return nk_ok_k;

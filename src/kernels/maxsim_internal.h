@@ -30,6 +30,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "compiler.h"
 #include "numkong/maxsim.h"
 
 #define NK_MAXSIM_MAGIC "NKMAXSIM"
@@ -82,6 +83,7 @@ typedef struct nk_maxsim_view {
     uint64_t vectors;
     uint64_t depth;
     uint64_t screen_depth;
+    uint64_t row_bytes; /* depth x the dtype's item size */
     void const *values;
     double const *inv_norms;
     uint8_t const *screen;
@@ -176,6 +178,21 @@ static inline double nk_decode(int dtype, void const *row, uint64_t k) {
     case nk_dtype_e3m2_k: return nk_half_to_f32(nk_e3m2_to_half_bits(((uint8_t const *)row)[k])) * nk_e3m2_half_scale_k;
     default: return 0.0;
     }
+}
+
+/* The largest float32 not above x (x not NaN): a threshold derived from an exact cosine never rounds
+ * up past a winner's bound. */
+static inline float nk_f32_at_most(double x) {
+    float f = (float)x;
+    if ((double)f > x) {
+        uint32_t bits;
+        memcpy(&bits, &f, 4);
+        if (f > 0.0f) bits -= 1u;
+        else if (f < 0.0f) bits += 1u;
+        else bits = 0x80000001u; /* the negative subnormal closest to zero */
+        memcpy(&f, &bits, 4);
+    }
+    return f;
 }
 
 /* A candidate threshold on screening bounds, never below the lowest finite float (NaN -> that too):

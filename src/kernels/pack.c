@@ -18,11 +18,8 @@ size_t nk_dtype_itemsize(int dtype) {
     }
 }
 
-/* Overflow-checked 64-bit arithmetic: each returns 0 on overflow. */
-static int nk_mul(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
-static int nk_add(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
 static int nk_align(uint64_t a, uint64_t *out) {
-    if (!nk_add(a, NK_SECTION_ALIGN - 1, out)) return 0;
+    if (!nk_u64_add(a, NK_SECTION_ALIGN - 1, out)) return 0;
     *out &= ~(uint64_t)(NK_SECTION_ALIGN - 1);
     return 1;
 }
@@ -30,7 +27,7 @@ static int nk_align(uint64_t a, uint64_t *out) {
 /* Append a section of count * item bytes at *cursor (aligned), return its offset. */
 static int nk_section(uint64_t *cursor, uint64_t count, uint64_t item, uint64_t *offset) {
     uint64_t bytes;
-    if (!nk_align(*cursor, offset) || !nk_mul(count, item, &bytes) || !nk_add(*offset, bytes, cursor)) return 0;
+    if (!nk_align(*cursor, offset) || !nk_u64_mul(count, item, &bytes) || !nk_u64_add(*offset, bytes, cursor)) return 0;
     return 1;
 }
 
@@ -45,9 +42,9 @@ nk_status_t nk_maxsim_layout(uint64_t vectors, uint64_t depth, int dtype, nk_max
     h->vectors = vectors;
     h->depth = depth;
     uint64_t cursor = NK_HEADER_BYTES, row_bytes;
-    if (!nk_add(depth, 3, &h->screen_depth)) return nk_error_overflow_k;
+    if (!nk_u64_add(depth, 3, &h->screen_depth)) return nk_error_overflow_k;
     h->screen_depth &= ~(uint64_t)3;
-    if (!nk_mul(depth, itemsize, &row_bytes) || !nk_section(&cursor, vectors, row_bytes, &h->values_offset) ||
+    if (!nk_u64_mul(depth, itemsize, &row_bytes) || !nk_section(&cursor, vectors, row_bytes, &h->values_offset) ||
         !nk_section(&cursor, vectors, sizeof(double), &h->inv_norms_offset) ||
         !nk_section(&cursor, vectors, h->screen_depth, &h->screen_offset) ||
         !nk_section(&cursor, vectors, sizeof(float), &h->screen_scales_offset) ||
@@ -75,6 +72,7 @@ void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *vie
     view->vectors = h.vectors;
     view->depth = h.depth;
     view->screen_depth = h.screen_depth;
+    view->row_bytes = h.depth * nk_dtype_itemsize((int)h.dtype);
     view->values = base + h.values_offset;
     view->inv_norms = (double const *)(base + h.inv_norms_offset);
     view->screen = (uint8_t const *)(base + h.screen_offset);

@@ -19,7 +19,7 @@ static double nk_dot_serial(int dtype, void const *a, void const *b, uint64_t de
 }
 
 double nk_maxsim_serial(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
+    size_t row_bytes = q->row_bytes;
     double total = 0.0;
     for (uint64_t i = 0; i < q->vectors; ++i) {
         double inv_q = q->inv_norms[i];

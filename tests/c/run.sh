@@ -12,19 +12,19 @@ cc="${CC:-gcc}"
 common=(-O2 -std=c11 -Wall -Wextra ${CFLAGS:-} -I"$root/src/kernels" -I"$root/src/kernels/include")
 objects=()
 defines=()
-compile() { # name flags...
+compile() { # path under src/kernels without .c, flags...
     local name="$1"; shift
-    "$cc" "${common[@]}" "$@" -c "$root/src/kernels/$name.c" -o "$out/$name.o"
-    objects+=("$out/$name.o")
+    "$cc" "${common[@]}" "$@" -c "$root/src/kernels/$name.c" -o "$out/${name##*/}.o"
+    objects+=("$out/${name##*/}.o")
 }
 compile serial -fno-tree-vectorize
 case "$("$cc" -dumpmachine)" in
 x86_64*)
     source "$here/family_flags.sh"
     for family in haswell skylake icelake sapphireamx; do
-        if [ -f "$root/src/kernels/$family.c" ]; then
+        if [ -f "$root/src/kernels/x86/$family.c" ]; then
             mapfile -t flags < <(family_flags "$family")
-            compile "$family" "${flags[@]}"
+            compile "x86/$family" "${flags[@]}"
             defines+=("-DNK_HAVE_${family^^}")
         fi
     done ;;

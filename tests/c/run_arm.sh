@@ -29,16 +29,16 @@ fi
 common=(-O2 -std=c11 -Wall -Wextra -I"$root/src/kernels" -I"$root/src/kernels/include")
 defines=(-DNK_HAVE_NEON -DNK_HAVE_SVE)
 objects=()
-compile() { # name flags...
+compile() { # path under src/kernels without .c, flags...
     local name="$1"; shift
-    "$cc" "${common[@]}" "$@" -c "$root/src/kernels/$name.c" -o "$out/$name.o"
-    objects+=("$out/$name.o")
+    "$cc" "${common[@]}" "$@" -c "$root/src/kernels/$name.c" -o "$out/${name##*/}.o"
+    objects+=("$out/${name##*/}.o")
 }
 source "$here/family_flags.sh"
 compile serial -fno-tree-vectorize
 for family in neon sve; do
     mapfile -t flags < <(family_flags "$family")
-    compile "$family" "${flags[@]}"
+    compile "arm/$family" "${flags[@]}"
 done
 for base in capabilities dispatch pack; do compile "$base" "${defines[@]}"; done
 # Static, so qemu-aarch64 needs no aarch64 sysroot.

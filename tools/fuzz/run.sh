@@ -18,11 +18,11 @@ mapfile -t x86 < <(family_flags sapphireamx) # every x86 family's flags, for eve
 sources=(serial capabilities corpus dispatch pack)
 defines=()
 for family in ${FAMILIES:-haswell skylake icelake sapphireamx}; do
-    [ -f "$root/src/kernels/$family.c" ] && sources+=("$family") && defines+=("-DNK_HAVE_${family^^}")
+    [ -f "$root/src/kernels/x86/$family.c" ] && sources+=("x86/$family") && defines+=("-DNK_HAVE_${family^^}")
 done
 for name in "${sources[@]}"; do
     "$cc" "${flags[@]/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}" "${x86[@]}" "${defines[@]}" \
-        -c "$root/src/kernels/$name.c" -o "$out/$name.o"
+        -c "$root/src/kernels/$name.c" -o "$out/${name##*/}.o"
 done
 "$cc" "${flags[@]}" "${defines[@]}" "$here/fuzz_loaders.c" "$out"/*.o -lm -lpthread -o "$out/fuzz_loaders"
 # Seeds: valid buffers from the C check driver's packer would be best; an empty corpus also works.

@@ -16,6 +16,7 @@
  *     stopping as soon as no remaining candidate can win.
  * Stack use is fixed (about 42 KB); no allocation, no global state. */
 #include <immintrin.h>
+#include <math.h>
 
 #include "maxsim_internal.h"
 
@@ -124,7 +125,7 @@ static double nk_skl_dot_f16(uint16_t const *a, uint16_t const *b, uint64_t n) {
 
 /* 16 bytes of an 8- or 6-bit float format -> 16 IEEE half bit patterns (maxsim_internal.h):
  * half = ((b & sign_mask) << sign_shift) | ((b & magnitude_mask) << magnitude_shift). */
-static inline __attribute__((always_inline)) __m512 nk_skl_mini_to_f32(__m128i bytes, int sign_mask, int sign_shift,
+NK_INLINE __m512 nk_skl_mini_to_f32(__m128i bytes, int sign_mask, int sign_shift,
                                                                       int magnitude_mask, int magnitude_shift) {
     __m256i w = _mm256_cvtepu8_epi16(bytes);
     __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16((short)sign_mask)), sign_shift);
@@ -135,7 +136,7 @@ static inline __attribute__((always_inline)) __m512 nk_skl_mini_to_f32(__m128i b
 
 /* Sum of products of the half-scaled values; the caller multiplies by the squared power-of-two
  * scale, which commutes exactly with every rounding of the sum. */
-static inline __attribute__((always_inline)) double nk_skl_dot_mini(uint8_t const *a, uint8_t const *b, uint64_t n,
+NK_INLINE double nk_skl_dot_mini(uint8_t const *a, uint8_t const *b, uint64_t n,
                                                                    int sign_mask, int sign_shift, int magnitude_mask,
                                                                    int magnitude_shift) {
     __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd(), s2 = _mm512_setzero_pd(), s3 = _mm512_setzero_pd();
@@ -189,20 +190,6 @@ static inline double nk_skl_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t c
            inv_q * inv_d;
 }
 
-/* Largest float32 not above x, so a threshold derived from a double never over-prunes. */
-static inline float nk_skl_float_below(double x) {
-    float f = (float)x;
-    if ((double)f > x) {
-        uint32_t bits;
-        memcpy(&bits, &f, 4);
-        if (f > 0.0f) bits -= 1u;
-        else if (f < 0.0f) bits += 1u;
-        else bits = 0x80000001u; /* smallest negative subnormal */
-        memcpy(&f, &bits, 4);
-    }
-    return f;
-}
-
 /* ---- Screening ---- */
 
 /* Per query row constants of the bound and of the bias removal. */
@@ -226,7 +213,7 @@ typedef struct nk_skl_doc_tile {
  * 4-depth groups. `split` holds, per group, the query tile's even bytes then odd bytes as 16-bit
  * words inside each row's 32-bit lane. `out` (row stride NK_SKL_BLOCK_ROWS) holds int32 partial
  * sums between depth chunks and receives the float32 upper bounds after the last one. */
-static inline __attribute__((always_inline)) void nk_skl_screen_rows(unsigned const rows, unsigned const row0,
+NK_INLINE void nk_skl_screen_rows(unsigned const rows, unsigned const row0,
                                                                     uint32_t const *split, uint64_t groups,
                                                                     uint8_t const *doc, uint64_t doc_stride,
                                                                     __mmask64 doc_mask, int first, int last,
@@ -302,7 +289,7 @@ static void nk_skl_screen_few_docs(unsigned doc_rows, unsigned query_rows, uint3
                                    nk_skl_query_rows_t const *qr, nk_skl_doc_tile_t const *tile, float *lower) {
     uint64_t const stride = 4u * doc_rows;
     __m512i const even_bytes = _mm512_set1_epi32(0x00FF00FF);
-    __m512 lower_by_row = _mm512_set1_ps(-__builtin_inff());
+    __m512 lower_by_row = _mm512_set1_ps(-INFINITY);
     for (unsigned m0 = 0; m0 < doc_rows; m0 += 4) {
         __m512i acc[4];
         unsigned lane[4];
@@ -388,7 +375,7 @@ static void nk_skl_rescore_pending(nk_maxsim_view_t const *q, nk_maxsim_view_t c
         double cos = nk_skl_cosine(q, d, row_bytes, i, inv_q, p->doc[n]);
         if (cos > p->best) {
             p->best = cos;
-            float raised = nk_skl_float_below(cos);
+            float raised = nk_f32_at_most(cos);
             if (raised > p->threshold) p->threshold = raised;
         }
     }
@@ -415,7 +402,7 @@ static void nk_skl_gather(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, 
             hits |= tile_hits << (t * NK_SKL_TILE);
         }
         while (hits) {
-            uint64_t j = t0 + (uint64_t)__builtin_ctzll(hits);
+            uint64_t j = t0 + (uint64_t)nk_ctz64(hits);
             hits &= hits - 1;
             if (p->count == NK_SKL_PENDING_MAX) {
                 nk_skl_sort_pending(p);
@@ -429,7 +416,7 @@ static void nk_skl_gather(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, 
 }
 
 double nk_maxsim_skylake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    uint64_t const depth = q->depth, row_bytes = (uint64_t)nk_dtype_itemsize((int)q->dtype) * depth;
+    uint64_t const row_bytes = q->row_bytes;
 
     uint64_t const screen_depth = q->screen_depth, groups = screen_depth / 4;
     uint64_t const chunks = (groups + NK_SKL_CHUNK_GROUPS - 1) / NK_SKL_CHUNK_GROUPS;
@@ -452,7 +439,7 @@ double nk_maxsim_skylake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
          * all rows, or all rows (in 16/8/4/2/1 blocks) against a full tile. */
         unsigned tail_rows = (unsigned)(d->vectors % NK_SKL_TILE);
         unsigned few_docs_cost = 24u * ((tail_rows + 3u) / 4u);
-        unsigned row_blocks_cost = 4u * query_rows + 2u * (unsigned)__builtin_popcount(query_rows);
+        unsigned row_blocks_cost = 4u * query_rows + 2u * nk_popcount32(query_rows);
         int use_few_docs = tail_rows != 0 && few_docs_cost < row_blocks_cost;
         memset(&qr, 0, sizeof(qr)); /* rows past the tile stay zero in the few-documents lanes */
         for (unsigned r = 0; r < query_rows; ++r) {
@@ -472,7 +459,7 @@ double nk_maxsim_skylake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
             if (block_rows > NK_SKL_BLOCK_ROWS) block_rows = NK_SKL_BLOCK_ROWS;
             unsigned block_tiles = (unsigned)((block_rows + NK_SKL_TILE - 1) / NK_SKL_TILE);
             for (unsigned r = 0; r < query_rows; ++r)
-                _mm512_store_ps(lower + r * NK_SKL_TILE, _mm512_set1_ps(-__builtin_inff()));
+                _mm512_store_ps(lower + r * NK_SKL_TILE, _mm512_set1_ps(-INFINITY));
 
             for (uint64_t chunk = 0; chunk < chunks; ++chunk) {
                 uint64_t g0 = chunk * NK_SKL_CHUNK_GROUPS, chunk_groups = groups - g0;

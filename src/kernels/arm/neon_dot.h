@@ -1,14 +1,12 @@
-/* Exact float64 rescoring with Advanced SIMD, shared by the Arm families (neon.c, sve.c): one
- * routine per storage format, float64 accumulation, every tail handled. Each including file
- * compiles it with its own flags; nothing here needs more than armv8.2-a + fp16 conversions. */
-#ifndef NUMKONG_ARM_EXACT_H
-#define NUMKONG_ARM_EXACT_H
+/* Exact dot products of stored rows with Advanced SIMD (armv8.2-a + fp16 conversions): the rescoring
+ * primitive of the Arm families (neon.c, sve.c), one routine per storage format, float64
+ * accumulation, every tail handled. */
+#ifndef NUMKONG_ARM_NEON_DOT_H
+#define NUMKONG_ARM_NEON_DOT_H
 #include <arm_neon.h>
-#include <math.h>
+#include <string.h>
 
 #include "maxsim_internal.h"
-
-#define NK_ARM_INLINE static inline __attribute__((always_inline))
 
 /* ---- Exact float64 dot products of two stored rows, one routine per storage format. ---- */
 
@@ -28,7 +26,7 @@ static double nk_arm_dot_f64(double const *a, double const *b, uint64_t depth) {
 }
 
 /* float32 (and bfloat16) products can overflow or round in float32: widen first, FMA in float64. */
-NK_ARM_INLINE void nk_arm_fma_f32_as_f64(float32x4_t x, float32x4_t y, float64x2_t *low, float64x2_t *high) {
+NK_INLINE void nk_arm_fma_f32_as_f64(float32x4_t x, float32x4_t y, float64x2_t *low, float64x2_t *high) {
     *low = vfmaq_f64(*low, vcvt_f64_f32(vget_low_f32(x)), vcvt_f64_f32(vget_low_f32(y)));
     *high = vfmaq_f64(*high, vcvt_high_f64_f32(x), vcvt_high_f64_f32(y));
 }
@@ -46,7 +44,7 @@ static double nk_arm_dot_f32(float const *a, float const *b, uint64_t depth) {
 }
 
 /* bfloat16 is the top half of a float32. */
-NK_ARM_INLINE void nk_arm_fma_bf16x8(uint16x8_t x, uint16x8_t y, float64x2_t sums[4]) {
+NK_INLINE void nk_arm_fma_bf16x8(uint16x8_t x, uint16x8_t y, float64x2_t sums[4]) {
     nk_arm_fma_f32_as_f64(vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(x), 16)),
                            vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(y), 16)), &sums[0], &sums[1]);
     nk_arm_fma_f32_as_f64(vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(x), 16)),
@@ -55,7 +53,7 @@ NK_ARM_INLINE void nk_arm_fma_bf16x8(uint16x8_t x, uint16x8_t y, float64x2_t sum
 
 /* Every half-based format: a product of two halves (11-bit significands, exponents within
  * [-24, 15]) is exact in float32, so multiply there and accumulate the exact products in float64. */
-NK_ARM_INLINE void nk_arm_add_f16x8_products(uint16x8_t x, uint16x8_t y, float64x2_t sums[4]) {
+NK_INLINE void nk_arm_add_f16x8_products(uint16x8_t x, uint16x8_t y, float64x2_t sums[4]) {
     float32x4_t low = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(x))),
                                 vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(y))));
     float32x4_t high = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(x))),
@@ -71,7 +69,7 @@ static inline double nk_arm_sum4(float64x2_t const sums[4]) {
 }
 
 /* 16-bit formats, 8 elements a step; the tail goes through zero-padded copies (zeros add nothing). */
-NK_ARM_INLINE double nk_arm_dot_16bit(int is_bf16, uint16_t const *a, uint16_t const *b, uint64_t depth) {
+NK_INLINE double nk_arm_dot_16bit(int is_bf16, uint16_t const *a, uint16_t const *b, uint64_t depth) {
     float64x2_t sums[4] = {vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0)};
     uint64_t k = 0;
     for (; k + 8 <= depth; k += 8) {
@@ -89,7 +87,7 @@ NK_ARM_INLINE double nk_arm_dot_16bit(int is_bf16, uint16_t const *a, uint16_t c
 }
 
 /* 8 one-byte minifloats to their exact IEEE half images (the power-of-two scale comes later). */
-NK_ARM_INLINE uint16x8_t nk_arm_minifloat_to_half(int dtype, uint8x8_t bytes) {
+NK_INLINE uint16x8_t nk_arm_minifloat_to_half(int dtype, uint8x8_t bytes) {
     uint16x8_t x = vmovl_u8(bytes);
     switch (dtype) {
     case nk_dtype_e4m3_k:
@@ -102,7 +100,7 @@ NK_ARM_INLINE uint16x8_t nk_arm_minifloat_to_half(int dtype, uint8x8_t bytes) {
     }
 }
 
-NK_ARM_INLINE double nk_arm_dot_minifloat(int dtype, uint8_t const *a, uint8_t const *b, uint64_t depth, double scale) {
+NK_INLINE double nk_arm_dot_minifloat(int dtype, uint8_t const *a, uint8_t const *b, uint64_t depth, double scale) {
     float64x2_t sums[4] = {vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0)};
     uint64_t k = 0;
     for (; k + 8 <= depth; k += 8)
@@ -137,31 +135,4 @@ static double nk_arm_dot(int dtype, void const *a, void const *b, uint64_t depth
     }
 }
 
-/* Exact cosine in the contract's order: dot * inv_q * inv_d, 0 for a zero document row. */
-static inline double nk_arm_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, void const *q_row,
-                                    double inv_q, uint64_t doc, size_t row_bytes) {
-    double inv_d = d->inv_norms[doc];
-    if (inv_d == 0.0) return 0.0;
-    return nk_arm_dot((int)q->dtype, q_row, (char const *)d->values + doc * row_bytes, q->depth) * inv_q * inv_d;
-}
-
-/* float32 not above x, so a threshold derived from an exact cosine never excludes a winner. */
-static inline float nk_arm_round_down(double x) {
-    float f = (float)x;
-    if ((double)f > x) f = nextafterf(f, -INFINITY);
-    return f;
-}
-
-/* Rescore candidate `doc` of a query row: raise its best exact cosine, and with it the float32
- * threshold the rest of its candidates are compared against. */
-static inline void nk_arm_rescore(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, void const *q_row, double inv_q,
-                                  uint64_t doc, size_t row_bytes, double *best, float *threshold) {
-    double cos = nk_arm_cosine(q, d, q_row, inv_q, doc, row_bytes);
-    if (cos > *best) {
-        *best = cos;
-        float raised = nk_arm_round_down(cos);
-        if (raised > *threshold) *threshold = raised;
-    }
-}
-
-#endif /* NUMKONG_ARM_EXACT_H */
+#endif /* NUMKONG_ARM_NEON_DOT_H */

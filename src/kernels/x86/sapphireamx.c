@@ -20,7 +20,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "avx512_exact.h"
+#include "avx512_shared.h"
 #include "maxsim_internal.h"
 
 #define NK_SAMX_BLOCK_DOCS 512u   /* document rows per block (a multiple of 64): 32 KB of u per 16 rows */
@@ -29,19 +29,7 @@
 #define NK_SAMX_LIST 48u          /* candidates kept per row until the end (at least 16) */
 #define NK_SAMX_DECODED_DEPTH 1024u
 
-#define NK_SAMX_INLINE static inline __attribute__((always_inline))
 
-/* A scratch build can count candidates, float32 checks and float64 rescorings; the library build
- * does nothing here. */
-#ifndef NK_SAMX_COUNT_RESCORE
-#define NK_SAMX_COUNT_RESCORE() ((void)0)
-#endif
-#ifndef NK_SAMX_COUNT_COLLECT
-#define NK_SAMX_COUNT_COLLECT(n) ((void)0)
-#endif
-#ifndef NK_SAMX_COUNT_CHECK
-#define NK_SAMX_COUNT_CHECK() ((void)0)
-#endif
 
 /* ---- Screening. ----
  * Bounds are kept in units of the query's screening step s_q, so only per-row constants remain:
@@ -70,7 +58,7 @@ typedef struct nk_samx_tile_config {
  * candidates (u, l and document index relative to list_base), rescored only after the whole
  * document matrix has been screened, so that a later, higher threshold still prunes them. */
 typedef struct nk_samx_group {
-    int32_t bias[16];      /* -128 * screen_sums[q]: cancels the documents' +128 offset */
+    _Alignas(64) int32_t bias[16]; /* -128 * screen_sums[q]; _Alignas: the type is whole lines */
     float top[16][16];     /* this block: per lane, the largest u tagged with its tile (nk_x512_tag) */
     float list_upper[16][NK_SAMX_LIST];
     float list_lower[16][NK_SAMX_LIST];
@@ -85,7 +73,7 @@ typedef struct nk_samx_group {
     double threshold[16];  /* max(best lower bound, best exact cosine) */
     double best[16];       /* best exact cosine so far */
     uint64_t list_base;    /* list_doc entries are relative to this document */
-} __attribute__((aligned(64))) nk_samx_group_t; /* a whole number of lines: arrays of groups stay aligned */
+} nk_samx_group_t;
 
 /* What rescoring needs. */
 typedef struct nk_samx_context {
@@ -97,7 +85,7 @@ typedef struct nk_samx_context {
 } nk_samx_context_t;
 
 /* Transpose a 16 x 16 matrix of 32-bit words held in 16 registers. */
-NK_SAMX_INLINE void nk_samx_transpose16(__m512i r[16]) {
+NK_INLINE void nk_samx_transpose16(__m512i r[16]) {
     __m512i t[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i += 2) {
@@ -196,7 +184,7 @@ static void nk_samx_copy_doc_tile(nk_maxsim_view_t const *d, uint64_t t, int64_t
  * doc[t] + 1024 s, except the last, which `tail_back` bytes earlier is end-aligned; the query tile's
  * is at a_tiles + 1024 s. With `stationary` the query tiles are already in registers 4 and 5 (at
  * most two steps). */
-NK_SAMX_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *const doc[4], uint64_t steps,
+NK_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *const doc[4], uint64_t steps,
                                       uint64_t tail_back, int32_t const *init, int stationary, int const DT) {
     if (init) {
         _tile_loadd(0, init, 64);
@@ -258,7 +246,7 @@ NK_SAMX_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *cons
 }
 
 /* Store the DT accumulators contiguously: tile t at out + 256 t. */
-NK_SAMX_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
+NK_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
     _tile_stored(0, out, 64);
     if (DT > 1) _tile_stored(1, out + 256, 64);
     if (DT > 2) _tile_stored(2, out + 512, 64);
@@ -268,7 +256,7 @@ NK_SAMX_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
 /* Turn DT stored tiles of biased sums (tile t at sums + 256 t, row r at + 16 r; all lanes present but
  * possibly the last tile's `last_lanes`; the first is tile `first_tile` of the block) into u in place
  * (absent lanes hold junk that the scan masks off), raising the tagged per-lane maxima of u. */
-NK_SAMX_INLINE void nk_samx_quad_epilogue(int32_t *sums, uint64_t rows, float const *scales_d, float const *errors_d,
+NK_INLINE void nk_samx_quad_epilogue(int32_t *sums, uint64_t rows, float const *scales_d, float const *errors_d,
                                           __mmask16 last_lanes, nk_samx_group_t *group, unsigned first_tile,
                                           int const DT) {
     __m512 scale[4], error[4];
@@ -300,7 +288,7 @@ static void nk_samx_drain_row(nk_samx_context_t const *context, nk_samx_group_t 
 /* Append the lanes (documents base .. base + 15) set in `hit` to row r's list, with their u and l. */
 static void nk_samx_append(nk_samx_context_t const *context, nk_samx_group_t *group, unsigned r, __m512 upper,
                            __m512 lower, __mmask16 hit, uint32_t base) {
-    if (__builtin_expect(group->count[r] + 16 > NK_SAMX_LIST, 0)) {
+    if (NK_UNLIKELY(group->count[r] + 16 > NK_SAMX_LIST)) {
         nk_samx_drain_row(context, group, r);
         hit = _mm512_mask_cmp_ps_mask(hit, upper, _mm512_set1_ps(group->cut[r]), _CMP_GE_OQ);
     }
@@ -310,14 +298,13 @@ static void nk_samx_append(nk_samx_context_t const *context, nk_samx_group_t *gr
     _mm512_storeu_ps(group->list_upper[r] + count, _mm512_maskz_compress_ps(hit, upper));
     _mm512_storeu_ps(group->list_lower[r] + count, _mm512_maskz_compress_ps(hit, lower));
     _mm512_storeu_si512(group->list_doc[r] + count, _mm512_maskz_compress_epi32(hit, docs));
-    NK_SAMX_COUNT_COLLECT(__builtin_popcount(hit));
-    group->count[r] = count + (unsigned)__builtin_popcount(hit);
+    group->count[r] = count + nk_popcount32(hit);
     /* Candidates are rescored after the whole matrix is screened: in a corpus, which streams from
      * memory, their rows arrive in the meantime (for cached documents this only costs time). */
     if (!context->d->cold) return;
     for (unsigned lanes = hit; lanes; lanes &= lanes - 1)
         nk_x512_prefetch_row((char const *)context->d->values +
-                                 (group->list_base + base + (unsigned)__builtin_ctz(lanes)) * context->row_bytes,
+                                 (group->list_base + base + nk_ctz32(lanes)) * context->row_bytes,
                              context->row_bytes);
 }
 
@@ -342,16 +329,15 @@ static void nk_samx_block_tops(nk_samx_context_t const *context, nk_samx_group_t
     batch.n = 0;
     for (unsigned r = 0; r < rows; ++r) {
         if (group->cut[r] == INFINITY) continue; /* takes no part */
-        if (nk_x512_queue_top(&batch, q, d, context->first_query, context->row_bytes, r, _mm512_load_ps(group->top[r]),
-                              group->cut[r], upper_block, 256, 16, first_doc, docs))
-            NK_SAMX_COUNT_RESCORE();
+        nk_x512_queue_top(&batch, q, d, context->first_query, context->row_bytes, r, _mm512_load_ps(group->top[r]),
+                          group->cut[r], upper_block, 256, 16, first_doc, docs);
     }
     nk_x512_rescore_batch(q, d, context->first_query, &batch, group->best, group->offset, group->inv_scale,
                           group->threshold, group->cut);
 }
 
 /* The scan found candidates among the 16 documents at upper (block tile t) of row r. */
-static __attribute__((noinline)) void nk_samx_scan_hit(nk_samx_context_t const *context, nk_samx_group_t *group,
+static NK_NOINLINE void nk_samx_scan_hit(nk_samx_context_t const *context, nk_samx_group_t *group,
                                                        unsigned r, float const *upper, __mmask16 hit, uint64_t first_doc,
                                                        uint64_t t) {
     __m512 twice_growth = _mm512_set1_ps(2.0f * group->growth[r]), values = _mm512_load_ps(upper);
@@ -376,7 +362,7 @@ static void nk_samx_scan_block(nk_samx_context_t const *context, nk_samx_group_t
             __mmask16 hit1 = _mm512_cmp_ps_mask(_mm512_load_ps(row + 256 * t + 256), cut, _CMP_GE_OQ);
             __mmask16 hit2 = _mm512_cmp_ps_mask(_mm512_load_ps(row + 256 * t + 512), cut, _CMP_GE_OQ);
             __mmask16 hit3 = _mm512_cmp_ps_mask(_mm512_load_ps(row + 256 * t + 768), cut, _CMP_GE_OQ);
-            if (__builtin_expect(_kortestz_mask16_u8(_kor_mask16(hit0, hit1), _kor_mask16(hit2, hit3)), 1)) continue;
+            if (_kortestz_mask16_u8(_kor_mask16(hit0, hit1), _kor_mask16(hit2, hit3))) continue;
             if (hit0) nk_samx_scan_hit(context, group, r, row + 256 * t, hit0, first_doc, t);
             if (hit1) nk_samx_scan_hit(context, group, r, row + 256 * t + 256, hit1, first_doc, t + 1);
             if (hit2) nk_samx_scan_hit(context, group, r, row + 256 * t + 512, hit2, first_doc, t + 2);
@@ -492,7 +478,7 @@ static void nk_samx_screen_block(nk_samx_context_t const *context, uint64_t rows
  * accumulators 0/1 take group 0 against documents 0/1, 2/3 group 1. Each document tile loaded from L2
  * serves both groups, which halves the document traffic of one stationary group; the query tiles come
  * from L1. */
-NK_SAMX_INLINE void nk_samx_pair_dots(int8_t const *a0, int8_t const *a1, uint8_t const *const doc[2], uint64_t steps,
+NK_INLINE void nk_samx_pair_dots(int8_t const *a0, int8_t const *a1, uint8_t const *const doc[2], uint64_t steps,
                                       uint64_t tail_back, int const DT) {
     _tile_zero(0);
     _tile_zero(2);
@@ -557,7 +543,6 @@ static void nk_samx_rescore(nk_samx_context_t const *context, nk_samx_group_t *g
     nk_maxsim_view_t const *q = context->q;
     uint64_t i = context->first_query + r;
     void const *q_row = (char const *)q->values + i * context->row_bytes;
-    NK_SAMX_COUNT_RESCORE();
     double cos = nk_x512_cosine(q, context->d, q_row, decoded, q->inv_norms[i], doc, context->row_bytes);
     nk_x512_take(cos, &group->best[r], group->offset[r], group->inv_scale[r], &group->threshold[r], &group->cut[r]);
 }
@@ -569,7 +554,7 @@ static inline unsigned nk_samx_top(float const *upper, unsigned count) {
         __m128 values = _mm_mask_loadu_ps(_mm_set1_ps(-INFINITY), (__mmask8)((1u << count) - 1u), upper);
         __m128 largest = _mm_max_ps(values, _mm_shuffle_ps(values, values, _MM_SHUFFLE(2, 3, 0, 1)));
         largest = _mm_max_ps(largest, _mm_shuffle_ps(largest, largest, _MM_SHUFFLE(1, 0, 3, 2)));
-        return (unsigned)__builtin_ctz(_mm_cmp_ps_mask(values, largest, _CMP_EQ_OQ));
+        return nk_ctz32(_mm_cmp_ps_mask(values, largest, _CMP_EQ_OQ));
     }
     __m512 largest = _mm512_set1_ps(-INFINITY);
     for (unsigned c = 0; c < count; c += 16)
@@ -578,7 +563,7 @@ static inline unsigned nk_samx_top(float const *upper, unsigned count) {
     for (unsigned c = 0;; c += 16) {
         __mmask16 lanes = nk_x512_tail_mask(count - c);
         __mmask16 at = _mm512_mask_cmp_ps_mask(lanes, _mm512_maskz_loadu_ps(lanes, upper + c), top, _CMP_EQ_OQ);
-        if (at) return c + (unsigned)__builtin_ctz(at);
+        if (at) return c + nk_ctz32(at);
     }
 }
 
@@ -617,7 +602,7 @@ static void nk_samx_drain_row(nk_samx_context_t const *context, nk_samx_group_t 
             nk_x512_decode_f32((int)context->q->dtype, q_row, context->q->depth, context->decoded32);
             decoded32 = context->decoded32; /* a row with one check pays the same decoding either way */
         }
-        if (check && (NK_SAMX_COUNT_CHECK(), 1) &&
+        if (check &&
             nk_x512_cosine_f32((int)context->q->dtype, decoded32 ? (void const *)decoded32 : q_row, decoded32 != NULL,
                                (char const *)context->d->values + doc * context->row_bytes, context->q->depth,
                                context->q->inv_norms[context->first_query + r], inv_d, &slack) +
@@ -646,8 +631,7 @@ static void nk_samx_rescore_round(nk_samx_context_t const *context, nk_samx_grou
         if (!group->count[r]) continue;
         uint64_t doc = nk_samx_pop(group, r);
         if (doc == UINT64_MAX) continue;
-        NK_SAMX_COUNT_RESCORE();
-        nk_x512_batch_add(&batch, q, d, context->first_query, context->row_bytes, r, doc);
+            nk_x512_batch_add(&batch, q, d, context->first_query, context->row_bytes, r, doc);
     }
     nk_x512_rescore_batch(q, d, context->first_query, &batch, group->best, group->offset, group->inv_scale,
                           group->threshold, group->cut);
@@ -667,7 +651,7 @@ static void nk_samx_finish_group(nk_samx_context_t const *context, nk_samx_group
                 largest, _mm512_mask_loadu_ps(largest, nk_x512_tail_mask(group->count[r] - c), group->list_upper[r] + c));
         pending |= (unsigned)(_mm512_reduce_max_ps(largest) >= group->cut[r]) << r;
     }
-    for (; pending; pending &= pending - 1) nk_samx_drain_row(context, group, (unsigned)__builtin_ctz(pending));
+    for (; pending; pending &= pending - 1) nk_samx_drain_row(context, group, nk_ctz32(pending));
 }
 
 /* A query group's per-row constants and empty state for rows [first_query, first_query + rows). */
@@ -699,15 +683,15 @@ static void nk_samx_group_total(nk_samx_context_t const *context, nk_samx_group_
 
 double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
 
-    float block_buffer[2 * 16 * NK_SAMX_BLOCK_DOCS] __attribute__((aligned(64))); /* one or two groups */
+    _Alignas(64) float block_buffer[2 * 16 * NK_SAMX_BLOCK_DOCS]; /* one or two groups */
     /* One group's A tiles for a pass, or two groups' for a paired single pass. */
-    int8_t query_tiles[2][NK_SAMX_CHUNK_STEPS * NK_SAMX_STEP_BYTES] __attribute__((aligned(64)));
+    _Alignas(64) int8_t query_tiles[2][NK_SAMX_CHUNK_STEPS * NK_SAMX_STEP_BYTES];
     /* The padded last document tile: one pass and one step before it (or four tiles of a tiny depth). */
-    uint8_t last_tile[(NK_SAMX_CHUNK_STEPS + 1) * NK_SAMX_STEP_BYTES] __attribute__((aligned(64)));
-    double decoded_query[NK_SAMX_DECODED_DEPTH] __attribute__((aligned(64)));
-    float decoded_query32[NK_SAMX_DECODED_DEPTH] __attribute__((aligned(64)));
-    nk_samx_group_t group[2] __attribute__((aligned(64)));
-    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
+    _Alignas(64) uint8_t last_tile[(NK_SAMX_CHUNK_STEPS + 1) * NK_SAMX_STEP_BYTES];
+    _Alignas(64) double decoded_query[NK_SAMX_DECODED_DEPTH];
+    _Alignas(64) float decoded_query32[NK_SAMX_DECODED_DEPTH];
+    _Alignas(64) nk_samx_group_t group[2];
+    size_t row_bytes = q->row_bytes;
     nk_samx_context_t context[2] = {{q, d, row_bytes, decoded_query, decoded_query32, 0},
                                     {q, d, row_bytes, decoded_query, decoded_query32, 0}};
 

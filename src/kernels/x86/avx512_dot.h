@@ -1,29 +1,26 @@
-/* Exact float64 dot products with AVX-512, shared by the icelake and sapphireamx families (both
- * compile it with at least AVX-512 F/BW/DQ/VL + F16C): every stored format converts exactly to
- * float64, the minifloats through their IEEE half images with the power-of-two scale applied once,
- * except e4m3 and the fp6 formats, whose dot products are exact integer sums (VNNI / vpmaddwd). */
-#ifndef NUMKONG_AVX512_EXACT_H
-#define NUMKONG_AVX512_EXACT_H
+/* Exact dot products of stored rows with AVX-512 (F/BW/DQ/VL + F16C; the e4m3 integer dot product
+ * also needs VNNI and VBMI): the family primitive every AVX-512 family rescoring calls, and float32
+ * dot products with a proven error bound for cheap checks. */
+#ifndef NUMKONG_X86_AVX512_DOT_H
+#define NUMKONG_X86_AVX512_DOT_H
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
 #include "maxsim_internal.h"
 
-#define NK_X512_INLINE static inline __attribute__((always_inline))
-
 /* ---- Exact float64 dot products. ----
  * Every stored format converts exactly to float64 (the minifloats through their IEEE half images,
  * their power-of-two scale applied once to the sum). A query row with several candidates is decoded
  * once into float64 on the stack; two half-based rows are multiplied exactly in float32 first. */
 
-NK_X512_INLINE __mmask16 nk_x512_tail_mask(uint64_t remaining) {
+NK_INLINE __mmask16 nk_x512_tail_mask(uint64_t remaining) {
     return remaining >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << remaining) - 1u);
 }
 
 /* IEEE half bit patterns of 16 one-byte minifloats: the sign is shifted to bit 15 and smeared right
  * by an arithmetic shift, which also puts exponent and mantissa in place; one AND clears the smear. */
-NK_X512_INLINE __m256i nk_x512_minifloat_to_half(int dtype, __m128i bytes) {
+NK_INLINE __m256i nk_x512_minifloat_to_half(int dtype, __m128i bytes) {
     switch (dtype) {
     case nk_dtype_e4m3_k: /* sign-extended byte << 7: sign at 15 and 14, the rest at 7..13 */
         return _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7), _mm256_set1_epi16((short)0xBFFF));
@@ -38,7 +35,7 @@ NK_X512_INLINE __m256i nk_x512_minifloat_to_half(int dtype, __m128i bytes) {
 }
 
 /* Elements k .. k+15 of a row of `dtype` (only `lanes` of them are read) as two float64 vectors. */
-NK_X512_INLINE void nk_x512_load16(int dtype, void const *row, uint64_t k, __mmask16 lanes, __m512d *low,
+NK_INLINE void nk_x512_load16(int dtype, void const *row, uint64_t k, __mmask16 lanes, __m512d *low,
                                    __m512d *high) {
     __m512 wide;
     switch (dtype) {
@@ -82,7 +79,7 @@ static inline double nk_x512_product_scale(int dtype) {
 
 /* Unscaled dot product of `a` (a decoded float64 row when a_dtype is float64) and `b` (stored).
  * Four accumulators hide the FMA latency; masked loads never read past either row. */
-NK_X512_INLINE double nk_x512_dot_kernel(int a_dtype, void const *a, int b_dtype, void const *b, uint64_t depth) {
+NK_INLINE double nk_x512_dot_kernel(int a_dtype, void const *a, int b_dtype, void const *b, uint64_t depth) {
     __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
     __m512d sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
     __m512d a0, a1, a2, a3, b0, b1, b2, b3;
@@ -108,7 +105,7 @@ NK_X512_INLINE double nk_x512_dot_kernel(int a_dtype, void const *a, int b_dtype
 }
 
 /* 16 elements of a half-based row (float16 or a minifloat's half image) as float32, exactly. */
-NK_X512_INLINE __m512 nk_x512_load16_half(int dtype, void const *row, uint64_t k, __mmask16 lanes) {
+NK_INLINE __m512 nk_x512_load16_half(int dtype, void const *row, uint64_t k, __mmask16 lanes) {
     if (dtype == nk_dtype_float16_k)
         return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, (uint16_t const *)row + k));
     return _mm512_cvtph_ps(nk_x512_minifloat_to_half(dtype, _mm_maskz_loadu_epi8(lanes, (uint8_t const *)row + k)));
@@ -116,7 +113,7 @@ NK_X512_INLINE __m512 nk_x512_load16_half(int dtype, void const *row, uint64_t k
 
 /* Unscaled dot product of two stored half-based rows. A product of two halves (11-bit significands)
  * is exact in float32, so each pair is multiplied there and only the product is widened. */
-NK_X512_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b, uint64_t depth) {
+NK_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b, uint64_t depth) {
     __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
     __m512d sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
     uint64_t k = 0;
@@ -150,7 +147,7 @@ NK_X512_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b
 
 /* total + weight * (the 16 int32 lanes of `lanes`), in float64: exact while every partial sum stays
  * below 2^53 (weight a power of two). How the integer dot products fold each chunk. */
-NK_X512_INLINE __m512d nk_x512_add_lanes_pd(__m512d total, __m512i lanes, double weight) {
+NK_INLINE __m512d nk_x512_add_lanes_pd(__m512d total, __m512i lanes, double weight) {
     __m512d scale = _mm512_set1_pd(weight);
     total = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(lanes)), scale, total);
     return _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(lanes, 1)), scale, total);
@@ -158,17 +155,17 @@ NK_X512_INLINE __m512d nk_x512_add_lanes_pd(__m512d total, __m512i lanes, double
 
 /* Magnitudes of the 32 codes without their sign bit, in units of the smallest subnormal. */
 static inline __m512i nk_x512_fp6_table(int dtype) {
-    static int16_t const e2m3[32] __attribute__((aligned(64))) = {
+    static _Alignas(64) int16_t const e2m3[32] = {
         0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 26, 28, 30,
         32, 36, 40, 44, 48, 52, 56, 60}; /* e = c >> 3, m = c & 7: m or (8 + m) << (e - 1) */
-    static int16_t const e3m2[32] __attribute__((aligned(64))) = {
+    static _Alignas(64) int16_t const e3m2[32] = {
         0,  1,  2,  3,  4,  5,  6,  7,  8,  10, 12, 14, 16,  20,  24,  28,
         32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448}; /* m or (4 + m) << (e - 1) */
     return _mm512_load_si512(dtype == nk_dtype_e2m3_k ? e2m3 : e3m2);
 }
 
 /* Elements k .. k+31 (`lanes` of them) of an fp6 row: magnitudes as int16, and which are negative. */
-NK_X512_INLINE __m512i nk_x512_load32_fp6(__m512i table, void const *row, uint64_t k, __mmask32 lanes,
+NK_INLINE __m512i nk_x512_load32_fp6(__m512i table, void const *row, uint64_t k, __mmask32 lanes,
                                           __mmask32 *negative) {
     __m512i codes = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(lanes, (uint8_t const *)row + k));
     *negative = _mm512_test_epi16_mask(codes, _mm512_set1_epi16(0x20));
@@ -176,7 +173,7 @@ NK_X512_INLINE __m512i nk_x512_load32_fp6(__m512i table, void const *row, uint64
 }
 
 /* The dot product of two stored fp6 rows, exactly (already scaled: not a half-image sum). */
-NK_X512_INLINE double nk_x512_dot_fp6(int dtype, void const *a, void const *b, uint64_t depth) {
+NK_INLINE double nk_x512_dot_fp6(int dtype, void const *a, void const *b, uint64_t depth) {
     __m512i table = nk_x512_fp6_table(dtype);
     __m512d total = _mm512_setzero_pd();
     for (uint64_t chunk = 0; chunk < depth; chunk += NK_X512_FP6_CHUNK) {
@@ -235,14 +232,14 @@ NK_X512_INLINE double nk_x512_dot_fp6(int dtype, void const *a, void const *b, u
         NK_X512_E4M3_DIGITS8(c + 48, i), NK_X512_E4M3_DIGITS8(c + 56, i)
 
 /* Digit i of the 128 magnitudes: entry c at byte c. */
-static uint8_t const nk_x512_e4m3_digits[3][128] __attribute__((aligned(64))) = {
+static _Alignas(64) uint8_t const nk_x512_e4m3_digits[3][128] = {
     {NK_X512_E4M3_DIGITS64(0, 0), NK_X512_E4M3_DIGITS64(64, 0)},
     {NK_X512_E4M3_DIGITS64(0, 1), NK_X512_E4M3_DIGITS64(64, 1)},
     {NK_X512_E4M3_DIGITS64(0, 2), NK_X512_E4M3_DIGITS64(64, 2)},
 };
 
 /* The dot product of two stored e4m3 rows, exactly (already scaled: not a half-image sum). */
-NK_X512_INLINE double nk_x512_dot_e4m3(void const *a, void const *b, uint64_t depth) {
+NK_INLINE double nk_x512_dot_e4m3(void const *a, void const *b, uint64_t depth) {
     if (depth < 64) /* one step: the fold costs more than the decoding it saves (measured crossover) */
         return nk_x512_dot_halves(nk_dtype_e4m3_k, a, b, depth) * nk_x512_product_scale(nk_dtype_e4m3_k);
     __m512i low_table[3], high_table[3];
@@ -346,156 +343,6 @@ static inline void nk_x512_decode_row(int dtype, void const *row, uint64_t depth
     }
 }
 
-/* Exact cosine in the contract's order: dot * inv_q * inv_d, 0 for a zero document row.
- * `decoded` is the query row in float64, or NULL to read the stored row. */
-static inline double nk_x512_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, void const *q_row,
-                                   double const *decoded, double inv_q, uint64_t doc, size_t row_bytes) {
-    double inv_d = d->inv_norms[doc];
-    if (inv_d == 0.0) return 0.0;
-    void const *d_row = (char const *)d->values + doc * row_bytes;
-    double dot = decoded ? nk_x512_dot_decoded((int)q->dtype, decoded, d_row, q->depth)
-                         : nk_x512_dot_stored((int)q->dtype, q_row, d_row, q->depth);
-    return dot * inv_q * inv_d;
-}
-
-/* float32 not above x, so a threshold derived from an exact cosine never excludes a winner. */
-static inline float nk_x512_round_down(double x) {
-    __m128 rounded = _mm_cvt_roundsd_ss(_mm_setzero_ps(), _mm_set_sd(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    return _mm_cvtss_f32(rounded);
-}
-
-/* ---- Tagged screening bounds. ----
- * A kernel that wants to rescore each row's largest upper bound first keeps per-lane maxima of its
- * bounds with the low 6 mantissa bits replaced by the bound's 16-row tile within the block (up to
- * 64 tiles): the maximum of tagged bounds names a document whose bound is within 2^-17 (relative)
- * of the largest. Tags only choose that document; cuts compare the stored, untagged bounds. */
-#define NK_X512_TAG_BITS 0x3F
-
-NK_X512_INLINE __m512 nk_x512_tag(__m512 upper, unsigned tile) {
-    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
-        _mm512_castps_si512(upper), _mm512_set1_epi32(~NK_X512_TAG_BITS), _mm512_set1_epi32((int)tile), 0xEA));
-}
-
-/* The tile and lane of the largest of 16 tagged per-lane maxima; 0 when there is none (NaN bounds,
- * which only sections changed after validation produce). */
-NK_X512_INLINE int nk_x512_tagged_top(__m512 top, unsigned *tile, unsigned *lane) {
-    float largest = _mm512_reduce_max_ps(top);
-    int32_t bits;
-    memcpy(&bits, &largest, sizeof bits);
-    unsigned at = (unsigned)_mm512_cmp_ps_mask(top, _mm512_set1_ps(largest), _CMP_EQ_OQ);
-    if (!at) return 0;
-    *lane = (unsigned)__builtin_ctz(at);
-    *tile = (unsigned)(bits & NK_X512_TAG_BITS);
-    return 1;
-}
-
-#define NK_X512_PREFETCH_BYTES 1024u /* leading bytes of a candidate row fetched ahead of its rescoring */
-
-/* Ask for the leading bytes of a stored row that is about to be rescored: in a corpus (`cold`
- * documents) rows stream from memory, and for cached documents this would only cost time. */
-NK_X512_INLINE void nk_x512_prefetch_row(void const *row, size_t row_bytes) {
-    size_t bytes = row_bytes < NK_X512_PREFETCH_BYTES ? row_bytes : NK_X512_PREFETCH_BYTES;
-    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((char const *)row + line, _MM_HINT_T0);
-}
-
-/* A row's threshold (a proven lower bound on its best cosine) rises to `lower` if that is higher,
- * and its cut on the stored bounds follows: (threshold - offset) * inv_scale, rounded down. */
-static inline void nk_x512_raise(double lower, double offset, double inv_scale, double *threshold, float *cut) {
-    if (lower > *threshold) {
-        *threshold = lower;
-        *cut = nk_threshold_floor(nk_x512_round_down((lower - offset) * inv_scale));
-    }
-}
-
-/* An exact cosine of a query row raises the row's best exact cosine, and its threshold and cut. */
-static inline void nk_x512_take(double cos, double *best, double offset, double inv_scale, double *threshold,
-                                float *cut) {
-    if (cos > *best) *best = cos;
-    nk_x512_raise(cos, offset, inv_scale, threshold, cut);
-}
-
-/* Up to 16 (query row, document) pairs waiting for one batch of float64 rescoring. */
-typedef struct nk_x512_batch {
-    void const *q_rows[16], *d_rows[16]; /* the stored rows */
-    uint64_t docs[16];                   /* document indices */
-    unsigned which[16];                  /* query rows, relative to the group's first */
-    unsigned n;
-} nk_x512_batch_t;
-
-/* Queue query row first_query + r against document `doc`. */
-NK_X512_INLINE void nk_x512_batch_add(nk_x512_batch_t *batch, nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
-                                      uint64_t first_query, size_t row_bytes, unsigned r, uint64_t doc) {
-    unsigned k = batch->n++;
-    batch->q_rows[k] = (char const *)q->values + (first_query + r) * row_bytes;
-    batch->d_rows[k] = (char const *)d->values + doc * row_bytes;
-    batch->docs[k] = doc;
-    batch->which[k] = r;
-}
-
-/* Queue row r's tagged largest bound of a block of `docs` documents (`top`, its per-lane maxima) if
- * it still reaches `cut`: the bound of document 16 tile + lane sits at upper_block[tile * tile_stride
- * + r * row_stride + lane] and becomes -inf, so the scan that follows never collects it again. In a
- * corpus (`cold` documents) its row is prefetched. Returns whether the pair was queued. A tag naming
- * no document of the block (from NaN bounds) queues nothing. */
-NK_X512_INLINE int nk_x512_queue_top(nk_x512_batch_t *batch, nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
-                                     uint64_t first_query, size_t row_bytes, unsigned r, __m512 top, float cut,
-                                     float *upper_block, size_t tile_stride, size_t row_stride, uint64_t first_doc,
-                                     uint64_t docs) {
-    unsigned tile, lane;
-    if (!nk_x512_tagged_top(top, &tile, &lane) || 16u * tile + lane >= docs) return 0;
-    float *upper = upper_block + tile * tile_stride + r * row_stride + lane;
-    if (!(*upper >= cut)) return 0; /* (also when the block holds no live bound) */
-    *upper = -INFINITY;
-    nk_x512_batch_add(batch, q, d, first_query, row_bytes, r, first_doc + 16u * tile + lane);
-    if (d->cold) nk_x512_prefetch_row(batch->d_rows[batch->n - 1], row_bytes);
-    return 1;
-}
-
-/* Rescore the queued pairs with one batch of float64 dot products, independent work for the core to
- * overlap (a zero document row has cosine 0). Each cosine is taken into row which[k] of the per-row
- * arrays. */
-static inline void nk_x512_rescore_batch(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first_query,
-                                         nk_x512_batch_t const *batch, double *best, double const *offset,
-                                         double const *inv_scale, double *threshold, float *cut) {
-    double dots[16];
-    if (!batch->n) return;
-    nk_x512_dot_batch((int)q->dtype, batch->q_rows, batch->d_rows, batch->n, q->depth, dots);
-    for (unsigned k = 0; k < batch->n; ++k) {
-        unsigned r = batch->which[k];
-        double inv_d = d->inv_norms[batch->docs[k]];
-        double cos = inv_d == 0.0 ? 0.0 : dots[k] * q->inv_norms[first_query + r] * inv_d;
-        nk_x512_take(cos, &best[r], offset[r], inv_scale[r], &threshold[r], &cut[r]);
-    }
-}
-
-/* ---- Per-row screening constants of a query group. ----
- * Lane r describes query row first + r (r < rows <= 8); rows past the end and zero rows are dead:
- * scale 1, growth 0, bias 0, offset the slack alone, not in `live`. */
-typedef struct nk_x512_row_constants {
-    __m512d scale;     /* s_q */
-    __m512d inv_scale; /* 1 / s_q */
-    __m512d offset;    /* a = e_q + slack */
-    __m256 growth;     /* b = (1 + e_q) / s_q */
-    __m256i bias;      /* 128 * screen_sums[q]: the documents' +128 offset times the query's sum */
-    __mmask8 live;
-} nk_x512_row_constants_t;
-
-static inline nk_x512_row_constants_t nk_x512_row_constants(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows) {
-    nk_x512_row_constants_t c;
-    __mmask8 present = rows >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << rows) - 1u);
-    __m512d one = _mm512_set1_pd(1.0), zero = _mm512_setzero_pd();
-    c.live = _mm512_mask_cmp_pd_mask(present, _mm512_maskz_loadu_pd(present, q->inv_norms + first), zero, _CMP_NEQ_UQ);
-    __m512d error = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(c.live, q->screen_errors + first)); /* e_q */
-    c.scale = _mm512_mask_cvtps_pd(one, c.live, _mm256_maskz_loadu_ps(c.live, q->screen_scales + first));
-    /* never for a packed nonzero row; keeps b finite */
-    c.scale = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(c.scale, zero, _CMP_GT_OQ), _mm512_set1_pd(0x1p-126), c.scale);
-    c.inv_scale = _mm512_div_pd(one, c.scale);
-    c.offset = _mm512_add_pd(error, _mm512_set1_pd((double)nk_screen_slack_k));
-    c.growth = _mm256_maskz_mov_ps(c.live, _mm512_cvtpd_ps(_mm512_div_pd(_mm512_add_pd(one, error), c.scale)));
-    c.bias = _mm256_slli_epi32(_mm256_maskz_loadu_epi32(c.live, q->screen_sums + first), 7);
-    return c;
-}
-
 /* ---- Float32 cosines with a proven error bound. ----
  * Every format but float64 is exact in float32, so a float32 FMA dot product is off only by its own
  * rounding: with m = the most roundings any product goes through, |error| <= gamma_m sum |a_k b_k|
@@ -507,7 +354,7 @@ static inline nk_x512_row_constants_t nk_x512_row_constants(nk_maxsim_view_t con
  * best exact cosine rules a candidate out. */
 
 /* 16 elements of a row as float32 (minifloats as their unscaled half images). */
-NK_X512_INLINE __m512 nk_x512_load16_f32(int dtype, void const *row, uint64_t k, __mmask16 lanes) {
+NK_INLINE __m512 nk_x512_load16_f32(int dtype, void const *row, uint64_t k, __mmask16 lanes) {
     switch (dtype) {
     case nk_dtype_float32_k: return _mm512_maskz_loadu_ps(lanes, (float const *)row + k);
     case nk_dtype_bfloat16_k:
@@ -518,7 +365,7 @@ NK_X512_INLINE __m512 nk_x512_load16_f32(int dtype, void const *row, uint64_t k,
 }
 
 /* `a` is read as a_dtype (float32 for a query row decoded by nk_x512_decode_f32), `b` as b_dtype. */
-NK_X512_INLINE float nk_x512_dot_f32_kernel(int a_dtype, void const *a, int b_dtype, void const *b, uint64_t depth) {
+NK_INLINE float nk_x512_dot_f32_kernel(int a_dtype, void const *a, int b_dtype, void const *b, uint64_t depth) {
     __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps(), sum2 = _mm512_setzero_ps(), sum3 = sum0;
     uint64_t k = 0;
     for (; k + 64 <= depth; k += 64) {
@@ -583,4 +430,4 @@ static inline double nk_x512_cosine_f32(int dtype, void const *a, int a_decoded,
     return (double)sum * scale;
 }
 
-#endif /* NUMKONG_AVX512_EXACT_H */
+#endif /* NUMKONG_X86_AVX512_DOT_H */

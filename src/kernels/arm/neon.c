@@ -15,14 +15,13 @@
 #include <arm_neon.h>
 #include <math.h>
 
-#include "arm_exact.h"
+#include "neon_shared.h"
 #include "maxsim_internal.h"
 
 #define NK_NEON_ROWS 8u           /* query rows per group = accumulator rows of the micro-kernel */
 #define NK_NEON_BLOCK_DOCS 512u   /* document rows per score block (a multiple of 16) */
 #define NK_NEON_CHUNK_GROUPS 256u /* 4-byte depth groups per pass over the query buffer (depth 1024) */
 
-#define NK_NEON_INLINE static inline __attribute__((always_inline))
 
 /* ---- Screening. ----
  * A document "quad" is 16 bytes of a tile: depths 4g..4g+3 of 4 consecutive rows. The query
@@ -30,7 +29,7 @@
  * 4 query rows and UDOT-by-lane broadcasts each of them against a document quad. */
 
 /* Up to 16 bytes of a quad; only the last quad of the last (partial) tile is short. */
-NK_NEON_INLINE uint8x16_t nk_neon_load_quad(uint8_t const *source, unsigned bytes) {
+NK_INLINE uint8x16_t nk_neon_load_quad(uint8_t const *source, unsigned bytes) {
     if (bytes == 16) return vld1q_u8(source);
     uint8_t padded[16] = {0};
     memcpy(padded, source, bytes);
@@ -40,7 +39,7 @@ NK_NEON_INLINE uint8x16_t nk_neon_load_quad(uint8_t const *source, unsigned byte
 /* scores[r * BLOCK + 4 * quad + lane] (+)= biased dot of query row r with document lane of
  * `quads` (1 or 2) quads at `doc`, over `groups` depth groups `doc_stride` bytes apart; the last
  * quad holds `last_bytes` valid bytes. 8 x 2 accumulators + 4 operands fit the 32 registers. */
-NK_NEON_INLINE void nk_neon_screen_quads(uint32_t const *query_words, uint64_t groups, uint8_t const *doc,
+NK_INLINE void nk_neon_screen_quads(uint32_t const *query_words, uint64_t groups, uint8_t const *doc,
                                          uint64_t doc_stride, int const quads, unsigned const last_bytes,
                                          int accumulate, uint32_t *scores) {
     uint32x4_t acc0[NK_NEON_ROWS], acc1[NK_NEON_ROWS];
@@ -116,7 +115,7 @@ static void nk_neon_screen_block(nk_maxsim_view_t const *d, uint32_t const *quer
 }
 
 /* Up to 4 consecutive 32-bit values; short reads go through a zero-padded copy. */
-NK_NEON_INLINE uint32x4_t nk_neon_load_words(void const *source, uint64_t count) {
+NK_INLINE uint32x4_t nk_neon_load_words(void const *source, uint64_t count) {
     if (count >= 4) return vld1q_u32((uint32_t const *)source);
     uint32_t padded[4] = {0, 0, 0, 0};
     memcpy(padded, source, (size_t)count * 4);
@@ -125,10 +124,10 @@ NK_NEON_INLINE uint32x4_t nk_neon_load_words(void const *source, uint64_t count)
 
 double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
 
-    uint32_t scores[NK_NEON_ROWS * NK_NEON_BLOCK_DOCS] __attribute__((aligned(64)));
-    float upper[NK_NEON_BLOCK_DOCS] __attribute__((aligned(64)));
-    uint32_t query_words[NK_NEON_CHUNK_GROUPS * NK_NEON_ROWS] __attribute__((aligned(64)));
-    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
+    _Alignas(64) uint32_t scores[NK_NEON_ROWS * NK_NEON_BLOCK_DOCS];
+    _Alignas(64) float upper[NK_NEON_BLOCK_DOCS];
+    _Alignas(64) uint32_t query_words[NK_NEON_CHUNK_GROUPS * NK_NEON_ROWS];
+    size_t row_bytes = q->row_bytes;
     uint64_t total_groups = d->screen_depth / 4;
     int single_chunk = total_groups <= NK_NEON_CHUNK_GROUPS;
     /* Both operands are stored +128: raw = dot + 128 (sum_q + sum_d) + 128^2 screen_depth (mod 2^32). */
@@ -185,7 +184,7 @@ double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
 
                 /* Pass 2: rescore every document whose upper bound reaches the threshold. */
                 void const *q_row = (char const *)q->values + i * row_bytes;
-                float threshold = vmaxvq_f32(best_lower), from_best = nk_arm_round_down(best[r]);
+                float threshold = vmaxvq_f32(best_lower), from_best = nk_f32_at_most(best[r]);
                 if (from_best > threshold) threshold = from_best;
                 threshold = nk_threshold_floor(threshold);
                 for (uint64_t t = 0; t < padded_docs; t += 16) {
@@ -198,7 +197,7 @@ double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
                     /* One nibble per document: bits 4 l .. 4 l + 3 for lane l. */
                     uint64_t candidates = vget_lane_u64(vreinterpret_u64_u8(vshrn_n_u16(vreinterpretq_u16_u8(hits), 4)), 0);
                     while (candidates) {
-                        unsigned lane = (unsigned)__builtin_ctzll(candidates) >> 2;
+                        unsigned lane = nk_ctz64(candidates) >> 2;
                         candidates &= ~((uint64_t)0xF << (4 * lane));
                         if (upper[t + lane] < threshold) continue; /* the threshold rose since the compare */
                         nk_arm_rescore(q, d, q_row, inv_q, first_doc + t + lane, row_bytes, &best[r], &threshold);

@@ -21,7 +21,7 @@
 #include <arm_sve.h>
 #include <math.h>
 
-#include "arm_exact.h"
+#include "neon_shared.h"
 #include "maxsim_internal.h"
 
 #define NK_SVE_ROWS 8u           /* query rows per group = accumulator rows of the micro-kernel */
@@ -29,7 +29,6 @@
 #define NK_SVE_CHUNK_GROUPS 256u /* 4-byte depth groups per pass over the query buffer (depth 1024) */
 #define NK_SVE_MAX_COLUMNS (NK_SVE_BLOCK_DOCS / 4u) /* at VL 128 a column holds 4 documents */
 
-#define NK_SVE_INLINE static inline __attribute__((always_inline))
 
 /* ---- Screening. ---- */
 
@@ -61,7 +60,7 @@ static unsigned nk_sve_columns(nk_maxsim_view_t const *d, uint64_t first_doc, ui
 /* scores[r * BLOCK + first + lane] (+)= biased dot of query row r with the documents of columns
  * a and b (b may be absent: its predicates are then all false and it touches no memory), over
  * depth groups [g0, g0 + groups). 8 x 2 accumulators + 4 operands: 20 of the 32 registers. */
-NK_SVE_INLINE void nk_sve_screen_pair(uint8_t const *screen, nk_sve_column_t const *a, nk_sve_column_t const *b,
+NK_INLINE void nk_sve_screen_pair(uint8_t const *screen, nk_sve_column_t const *a, nk_sve_column_t const *b,
                                       uint64_t g0, uint64_t groups, uint8_t const *query, int accumulate,
                                       uint32_t *scores) {
     svbool_t load_a = svwhilelt_b8_u32(0, a->bytes), load_b = b ? svwhilelt_b8_u32(0, b->bytes) : svpfalse_b();
@@ -135,11 +134,11 @@ static void nk_sve_gather_query(nk_maxsim_view_t const *q, uint64_t first, uint6
 
 double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
 
-    uint32_t scores[NK_SVE_ROWS * NK_SVE_BLOCK_DOCS] __attribute__((aligned(64)));
-    float upper[NK_SVE_BLOCK_DOCS] __attribute__((aligned(64)));
-    uint32_t query_words[NK_SVE_CHUNK_GROUPS * NK_SVE_ROWS] __attribute__((aligned(64)));
+    _Alignas(64) uint32_t scores[NK_SVE_ROWS * NK_SVE_BLOCK_DOCS];
+    _Alignas(64) float upper[NK_SVE_BLOCK_DOCS];
+    _Alignas(64) uint32_t query_words[NK_SVE_CHUNK_GROUPS * NK_SVE_ROWS];
     nk_sve_column_t columns[NK_SVE_MAX_COLUMNS];
-    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
+    size_t row_bytes = q->row_bytes;
     uint64_t total_groups = d->screen_depth / 4, lanes = svcntw();
     int single_chunk = total_groups <= NK_SVE_CHUNK_GROUPS;
     /* Both operands are stored +128: raw = dot + 128 (sum_q + sum_d) + 128^2 screen_depth (mod 2^32). */
@@ -196,7 +195,7 @@ double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
 
                 /* Pass 2: rescore every document whose upper bound reaches the threshold. */
                 void const *q_row = (char const *)q->values + i * row_bytes;
-                float threshold = svmaxv_f32(svptrue_b32(), best_lower), from_best = nk_arm_round_down(best[r]);
+                float threshold = svmaxv_f32(svptrue_b32(), best_lower), from_best = nk_f32_at_most(best[r]);
                 if (from_best > threshold) threshold = from_best;
                 threshold = nk_threshold_floor(threshold);
                 for (uint64_t v = 0; v < docs; v += lanes) {

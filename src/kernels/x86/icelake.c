@@ -13,7 +13,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "avx512_exact.h"
+#include "avx512_shared.h"
 #include "maxsim_internal.h"
 
 #define NK_ICE_ROWS 8              /* query rows per group = accumulator rows of the micro-kernel */
@@ -23,7 +23,6 @@
 #define NK_ICE_LIST 128u           /* candidates collected per row before rescoring them best-first */
 #define NK_ICE_DECODED_DEPTH 1024u /* deepest query row decoded to float64 on the stack (8 KB) */
 
-#define NK_ICE_INLINE static inline __attribute__((always_inline))
 
 /* ---- Screening. ----
  * VNNI multiplies unsigned by signed bytes, and only the signed operand can be a 32-bit memory
@@ -56,7 +55,7 @@ typedef struct nk_ice_group {
  * in scores[r * NK_ICE_BLOCK_DOCS + 16 t + lane] between depth chunks (`accumulate`); on the last
  * chunk (`finish`) the epilogue turns them into upper bounds (-inf at absent lanes) and raises
  * group->top. */
-NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t groups, uint8_t const *doc,
+NK_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t groups, uint8_t const *doc,
                                        uint64_t tile_stride, uint8_t const *partial, unsigned partial_rows,
                                        int const tiles, int accumulate, int finish, float *scores,
                                        nk_ice_group_t *group, float const *scales_d, float const *errors_d,
@@ -111,7 +110,7 @@ NK_ICE_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t gro
 }
 
 /* nk_ice_screen_tiles for a count of 1-3 tiles known only at run time. */
-NK_ICE_INLINE void nk_ice_screen_rest(int32_t const *query_groups, uint64_t groups, uint8_t const *doc,
+NK_INLINE void nk_ice_screen_rest(int32_t const *query_groups, uint64_t groups, uint8_t const *doc,
                                       uint64_t tile_stride, uint8_t const *partial, unsigned partial_rows, int tiles,
                                       int accumulate, int finish, float *scores, nk_ice_group_t *group,
                                       float const *scales_d, float const *errors_d, unsigned first_tile) {
@@ -131,7 +130,7 @@ NK_ICE_INLINE void nk_ice_screen_rest(int32_t const *query_groups, uint64_t grou
  * multiply-accumulates per depth group replace the 8 of nk_ice_screen_tiles, whose lanes would be
  * mostly empty. Partial sums live in the first two rows of the tile's scores between depth chunks;
  * the epilogue writes every row's 16 lanes (-inf past m) and raises group->top as there. */
-static __attribute__((noinline)) void nk_ice_screen_partial(int32_t const *query_groups, uint64_t groups,
+static NK_NOINLINE void nk_ice_screen_partial(int32_t const *query_groups, uint64_t groups,
                                                             uint8_t const *doc, unsigned m, int accumulate, int finish,
                                                             float *scores, nk_ice_group_t *group, float const *scales_d,
                                                             float const *errors_d, unsigned tile) {
@@ -264,7 +263,7 @@ typedef struct nk_ice_row {
 
 /* Index of the largest of count >= 1 upper bounds. A plain loop: these lists are short, and the
  * branch-free search of sapphireamx.c (nk_samx_top) measured 1-4 % slower here at 32x180x128. */
-NK_ICE_INLINE unsigned nk_ice_top(float const *upper, unsigned count) {
+NK_INLINE unsigned nk_ice_top(float const *upper, unsigned count) {
     unsigned top = 0;
     for (unsigned c = 1; c < count; ++c)
         if (upper[c] > upper[top]) top = c;
@@ -290,20 +289,20 @@ static float nk_ice_drain(nk_ice_row_t *row, float *list_upper, int32_t *list_do
 /* Append the lanes of `upper` (tile t) that reach the cut to the candidate list, which has room
  * for 16 more. Compressing in registers and storing whole vectors is much faster than the
  * memory form of vcompressps. */
-NK_ICE_INLINE unsigned nk_ice_collect(__m512 upper, __mmask16 candidates, uint64_t t, float *list_upper,
+NK_INLINE unsigned nk_ice_collect(__m512 upper, __mmask16 candidates, uint64_t t, float *list_upper,
                                       int32_t *list_doc, unsigned count) {
     __m512i lane_index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     _mm512_storeu_ps(list_upper + count, _mm512_maskz_compress_ps(candidates, upper));
     __m512i docs = _mm512_add_epi32(lane_index, _mm512_set1_epi32((int)(16 * t)));
     _mm512_storeu_si512(list_doc + count, _mm512_maskz_compress_epi32(candidates, docs));
-    return count + (unsigned)__builtin_popcount(candidates);
+    return count + nk_popcount32(candidates);
 }
 
 /* Collect the documents of tiles [*tile, tiles) whose stored upper bound reaches the cut, until the
  * list could overflow; *tile is left where the scan stopped (tiles when it finished). Four tiles
  * per test keep the common no-candidate case to one branch. Inlined: it runs once per query row,
  * and the call cost 2-4 % at 32x180x128. */
-NK_ICE_INLINE unsigned nk_ice_scan(float const *row_scores, uint64_t *tile, uint64_t tiles, float cut,
+NK_INLINE unsigned nk_ice_scan(float const *row_scores, uint64_t *tile, uint64_t tiles, float cut,
                                    float *list_upper, int32_t *list_doc) {
     __m512 cut_vector = _mm512_set1_ps(cut);
     unsigned count = 0;
@@ -343,7 +342,7 @@ NK_ICE_INLINE unsigned nk_ice_scan(float const *row_scores, uint64_t *tile, uint
 static void nk_ice_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, nk_ice_group_t *group,
                               uint64_t first_query, uint64_t rows, uint64_t first_doc, uint64_t docs,
                               float *scores, double *decoded_query) {
-    size_t row_bytes = nk_dtype_itemsize((int)q->dtype) * q->depth;
+    size_t row_bytes = q->row_bytes;
     uint64_t tiles = (docs + NK_SCREEN_TILE - 1) / NK_SCREEN_TILE;
     double thresholds[NK_ICE_ROWS];
     float cuts[NK_ICE_ROWS];
@@ -467,10 +466,10 @@ static void nk_ice_group_init(nk_maxsim_view_t const *q, uint64_t first, uint64_
 
 double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
 
-    float scores[NK_ICE_ROWS * NK_ICE_BLOCK_DOCS] __attribute__((aligned(64)));
-    int32_t query_groups[NK_ICE_CHUNK_GROUPS * NK_ICE_ROWS] __attribute__((aligned(64)));
-    nk_ice_group_t group __attribute__((aligned(64)));
-    double decoded_query[NK_ICE_DECODED_DEPTH] __attribute__((aligned(64)));
+    _Alignas(64) float scores[NK_ICE_ROWS * NK_ICE_BLOCK_DOCS];
+    _Alignas(64) int32_t query_groups[NK_ICE_CHUNK_GROUPS * NK_ICE_ROWS];
+    _Alignas(64) nk_ice_group_t group;
+    _Alignas(64) double decoded_query[NK_ICE_DECODED_DEPTH];
     int single_chunk = d->screen_depth / 4 <= NK_ICE_CHUNK_GROUPS;
     double total = 0.0;
 
