@@ -35,10 +35,13 @@ static __forceinline void nk_atomic_store_u64(uint64_t *at, uint64_t value) { *(
 static __forceinline void nk_atomic_set_if_zero_i32(int *at, int value) {
     _InterlockedCompareExchange((long volatile *)at, (long)value, 0);
 }
+/* Prefetch for reading into all cache levels (l1) or into L2 and beyond (l2). */
 #if defined(_M_X64) || defined(_M_IX86)
-#define nk_prefetch(address) _mm_prefetch((char const *)(address), _MM_HINT_T1)
+#define nk_prefetch_l1(address) _mm_prefetch((char const *)(address), _MM_HINT_T0)
+#define nk_prefetch_l2(address) _mm_prefetch((char const *)(address), _MM_HINT_T1)
 #else
-#define nk_prefetch(address) ((void)(address))
+#define nk_prefetch_l1(address) ((void)(address))
+#define nk_prefetch_l2(address) ((void)(address))
 #endif
 
 #else /* GCC, Clang */
@@ -62,7 +65,9 @@ static inline void nk_atomic_set_if_zero_i32(int *at, int value) {
     int expected = 0;
     __atomic_compare_exchange_n(at, &expected, value, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
-#define nk_prefetch(address) __builtin_prefetch((address), 0, 2)
+/* Prefetch for reading into all cache levels (l1) or into L2 and beyond (l2). */
+#define nk_prefetch_l1(address) __builtin_prefetch((address), 0, 3)
+#define nk_prefetch_l2(address) __builtin_prefetch((address), 0, 2)
 #endif
 
 /* Overflow-checked 64-bit arithmetic: 1 and *out on success, 0 on overflow. */

@@ -170,7 +170,7 @@ typedef struct nk_corpus_job {
 
 static void nk_corpus_prefetch(nk_maxsim_view_t const *document) {
     char const *first = (char const *)document->inv_norms, *end = (char const *)(document->screen_sums + document->vectors);
-    for (char const *at = first; at < end; at += 64) nk_prefetch(at);
+    for (char const *at = first; at < end; at += 64) nk_prefetch_l2(at);
 }
 
 static void nk_corpus_view(nk_corpus_t const *corpus, uint64_t index, nk_maxsim_view_t *view) {

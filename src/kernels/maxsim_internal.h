@@ -200,6 +200,12 @@ static inline float nk_f32_at_most(double x) {
  * validation do to the bounds and the exact cosines. */
 static inline float nk_threshold_floor(float threshold) { return threshold >= -FLT_MAX ? threshold : -FLT_MAX; }
 
+/* Formats whose dot products are exact integer sums (every value a small multiple of a power of
+ * two): their rows are used as stored, never decoded to float64 for rescoring. */
+static inline int nk_dtype_is_exact_integer(int dtype) {
+    return dtype == nk_dtype_e4m3_k || dtype == nk_dtype_e2m3_k || dtype == nk_dtype_e3m2_k;
+}
+
 /* Distance contributed by one query row (inverse norm inv_q) whose best cosine is `best_cos`:
  * max(0, 1 - best_cos), and exactly 1 for a zero row, whose best_cos is not looked at. */
 static inline double nk_row_distance(double inv_q, double best_cos) {

@@ -1,0 +1,340 @@
+/* The certified MaxSim algorithm, written once for every SIMD family.
+ *
+ * A family source file defines the primitives below and then includes this header, which defines
+ * `static double nk_driver_maxsim(q, d)`: the family's kernel returns it. Everything is static and
+ * inlined into the family's translation unit, so the family's -m flags apply throughout.
+ *
+ * The algorithm (the bound is explained in maxsim_internal.h). Query rows go in groups of
+ * NK_DRIVER_ROWS, documents in blocks of NK_DRIVER_BLOCK. For each group and block:
+ *   1. screen: the family's int8 GEMM over the screening copies gives, for every (row r, document j),
+ *      u[r][j] = p_j + b_r e_j, where p_j = (int8 dot) * s_d[j], b_r = (1 + e_q) / s_q and e the
+ *      screening errors; the upper bound on the cosine is then UB = s_q u + a_r with a_r = e_q + slack.
+ *      It also names, per row, a document whose u is (nearly) the row's largest.
+ *   2. tops: every row's named document is rescored exactly, one batch of independent float64 dot
+ *      products, so the row has an exact cosine (usually its winner) before anything else.
+ *   3. scan: the documents whose u reaches the row's cut, cut = (best exact cosine - a_r) / s_q
+ *      rounded down, are collected; usually none.
+ *   4. rounds: a row whose best rose first drops, with a float32 cosine and its proven error bound,
+ *      every candidate provably below it (families with such checks); then each row's largest
+ *      remaining u is rescored, one batch per round, until no candidate reaches its cut.
+ *   5. A row whose candidate list filled up continues its scan and rescores one candidate at a time.
+ * The result, sum over rows of max(0, 1 - best), adds rows in order, and every exact cosine is
+ * (canonical float64 dot) * inv_q * inv_d, so all families return the same bits.
+ *
+ * The family defines (types and functions may be macros):
+ *   NK_DRIVER_ROWS       query rows per group (1..32)
+ *   NK_DRIVER_BLOCK      documents per block (a multiple of 64)
+ *   nk_family_query_t    the family's prepared form of one group's screening bytes
+ *   void nk_family_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first,
+ *                          uint64_t rows, nk_family_query_t *query)
+ *       Before a group's blocks. Rows past `rows` must screen as zeros.
+ *   void nk_family_screen(nk_family_query_t *query, float const *growth, uint64_t rows,
+ *                         nk_maxsim_view_t const *d, uint64_t first_doc, uint64_t docs, float *u, int32_t *top)
+ *       Step 1 for documents [first_doc, first_doc + docs) (first_doc a multiple of NK_DRIVER_BLOCK):
+ *       u[r * NK_DRIVER_BLOCK + j] for r < rows, j < docs, with b_r = growth[r], and -inf for
+ *       docs <= j < docs rounded up to 16; top[r] in [0, docs), or -1 when the row has no finite u.
+ *       The family may use u as scratch until it returns.
+ *   unsigned nk_family_scan(float const *row_u, uint64_t *tile, uint64_t tiles, float cut,
+ *                           float *list_u, int32_t *list_doc, unsigned capacity)
+ *       Append the documents of 16-document tiles [*tile, tiles) whose u >= cut (their u and
+ *       index) until fewer than 16 free entries remain; leaves *tile where it stopped.
+ *   void nk_family_dot_batch(int dtype, void const *const *a, void const *const *b, unsigned n,
+ *                            uint64_t depth, double *out)
+ *       n canonical exact dot products of stored rows (maxsim_internal.h).
+ *   NK_FAMILY_F32_CHECKS and, if 1, double nk_family_cosine_f32(int dtype, void const *a,
+ *       void const *b, uint64_t depth, double inv_q, double inv_d, double *slack)
+ *       A float32 cosine and a bound on its distance from the exact one (+inf when none).
+ *   NK_FAMILY_DECODE and, if 1, nk_family_decode_row(dtype, row, depth, double *out) and
+ *       double nk_family_dot_decoded(dtype, double const *a, void const *b, depth): a query row
+ *       decoded once to float64 for many candidates (same bits as the stored dot product).
+ *
+ * Stack: NK_DRIVER_ROWS x NK_DRIVER_BLOCK floats of u, plus candidate lists and a decoded row.
+ */
+#ifndef NUMKONG_DRIVER_H
+#define NUMKONG_DRIVER_H
+
+#include <math.h>
+
+#include "maxsim_internal.h"
+
+#ifndef NK_FAMILY_F32_CHECKS
+#define NK_FAMILY_F32_CHECKS 0
+#endif
+#ifndef NK_FAMILY_DECODE
+#define NK_FAMILY_DECODE 0
+#endif
+
+#define NK_DRIVER_LIST 128u           /* candidates collected per row before they are rescored */
+#define NK_DRIVER_DECODED_DEPTH 1024u /* deepest query row decoded to float64 on the stack (8 KB) */
+#define NK_DRIVER_PREFETCH_BYTES 1024u /* leading bytes of a candidate row fetched ahead of its rescoring */
+
+/* Per group: the constants of the bound and what the rows have found. */
+typedef struct nk_driver_group {
+    uint64_t first, rows;           /* query rows [first, first + rows) */
+    uint32_t live;                  /* rows with a nonzero norm (bit r) */
+    float growth[NK_DRIVER_ROWS];   /* b = (1 + e_q) / s_q */
+    double inv_scale[NK_DRIVER_ROWS]; /* 1 / s_q */
+    double offset[NK_DRIVER_ROWS];  /* a = e_q + slack */
+    double best[NK_DRIVER_ROWS];    /* best exact cosine so far */
+    double threshold[NK_DRIVER_ROWS]; /* a proven lower bound on the best cosine */
+    float cut[NK_DRIVER_ROWS];      /* candidates need u >= cut; never below -FLT_MAX */
+} nk_driver_group_t;
+
+_Static_assert(NK_DRIVER_ROWS >= 1 && NK_DRIVER_ROWS <= 32, "a group is 1..32 query rows");
+_Static_assert(NK_DRIVER_BLOCK % 64 == 0, "blocks are whole 64-document steps");
+
+static void nk_driver_group_init(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows, nk_driver_group_t *g) {
+    double error[NK_DRIVER_ROWS], scale[NK_DRIVER_ROWS];
+    g->first = first, g->rows = rows, g->live = 0;
+    for (unsigned r = 0; r < NK_DRIVER_ROWS; ++r) error[r] = 0.0, scale[r] = 1.0;
+    for (unsigned r = 0; r < rows; ++r)
+        if (q->inv_norms[first + r] != 0.0) {
+            g->live |= 1u << r;
+            error[r] = q->screen_errors[first + r];
+            scale[r] = q->screen_scales[first + r];
+        }
+    /* Branch-free over the whole group, so that the divisions vectorize. */
+    for (unsigned r = 0; r < NK_DRIVER_ROWS; ++r) {
+        double s = scale[r] > 0.0 ? scale[r] : 0x1p-126; /* never for a packed nonzero row; keeps b finite */
+        g->inv_scale[r] = 1.0 / s;
+        g->offset[r] = error[r] + (double)nk_screen_slack_k;
+        g->growth[r] = (float)((1.0 + error[r]) / s);
+        g->best[r] = -INFINITY;
+    }
+}
+
+/* Row r's threshold rises to `lower` (a proven lower bound on its best cosine) if that is higher,
+ * and its cut on u follows: (threshold - a) / s_q, rounded down. */
+static inline void nk_driver_raise(nk_driver_group_t *g, unsigned r, double lower) {
+    if (lower > g->threshold[r]) {
+        g->threshold[r] = lower;
+        g->cut[r] = nk_threshold_floor(nk_f32_at_most((lower - g->offset[r]) * g->inv_scale[r]));
+    }
+}
+
+/* An exact cosine of row r raises its best, threshold and cut. */
+static inline void nk_driver_take(nk_driver_group_t *g, unsigned r, double cos) {
+    if (cos > g->best[r]) g->best[r] = cos;
+    nk_driver_raise(g, r, cos);
+}
+
+static inline void nk_driver_prefetch_row(void const *row, size_t row_bytes) {
+    size_t bytes = row_bytes < NK_DRIVER_PREFETCH_BYTES ? row_bytes : NK_DRIVER_PREFETCH_BYTES;
+    for (size_t line = 0; line < bytes; line += 64) nk_prefetch_l1((char const *)row + line);
+}
+
+/* Up to one (row, document) pair per row, rescored together: independent work for the core. */
+typedef struct nk_driver_batch {
+    void const *q_rows[NK_DRIVER_ROWS], *d_rows[NK_DRIVER_ROWS];
+    uint64_t docs[NK_DRIVER_ROWS];
+    unsigned which[NK_DRIVER_ROWS];
+    unsigned n;
+} nk_driver_batch_t;
+
+static inline void nk_driver_batch_add(nk_driver_batch_t *batch, nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
+                                       nk_driver_group_t const *g, unsigned r, uint64_t doc) {
+    unsigned k = batch->n++;
+    batch->q_rows[k] = (char const *)q->values + (g->first + r) * q->row_bytes;
+    batch->d_rows[k] = (char const *)d->values + doc * d->row_bytes;
+    batch->docs[k] = doc;
+    batch->which[k] = r;
+}
+
+/* Exact cosines of the queued pairs (a zero document row has cosine 0), each taken into its row. */
+static void nk_driver_rescore(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, nk_driver_group_t *g,
+                              nk_driver_batch_t const *batch) {
+    double dots[NK_DRIVER_ROWS];
+    if (!batch->n) return;
+    nk_family_dot_batch((int)q->dtype, batch->q_rows, batch->d_rows, batch->n, q->depth, dots);
+    for (unsigned k = 0; k < batch->n; ++k) {
+        unsigned r = batch->which[k];
+        double inv_d = d->inv_norms[batch->docs[k]];
+        nk_driver_take(g, r, inv_d == 0.0 ? 0.0 : dots[k] * q->inv_norms[g->first + r] * inv_d);
+    }
+}
+
+/* Index of the largest of count >= 1 values. A plain loop: these lists are short. */
+static inline unsigned nk_driver_top(float const *values, unsigned count) {
+    unsigned top = 0;
+    for (unsigned c = 1; c < count; ++c)
+        if (values[c] > values[top]) top = c;
+    return top;
+}
+
+/* Candidate lists of a group's rows within one block. */
+typedef struct nk_driver_lists {
+    float u[NK_DRIVER_ROWS][NK_DRIVER_LIST];
+    int32_t doc[NK_DRIVER_ROWS][NK_DRIVER_LIST];
+    unsigned count[NK_DRIVER_ROWS];
+    uint64_t next_tile[NK_DRIVER_ROWS]; /* where a scan stopped on a full list */
+} nk_driver_lists_t;
+
+/* Remove entry c of row r's list (the last one takes its place). */
+static inline void nk_driver_remove(nk_driver_lists_t *lists, unsigned r, unsigned c) {
+    unsigned last = --lists->count[r];
+    lists->u[r][c] = lists->u[r][last];
+    lists->doc[r][c] = lists->doc[r][last];
+}
+
+#if NK_FAMILY_F32_CHECKS
+/* Drop the candidates of row r that a float32 cosine proves to be below its best exact cosine. */
+static void nk_driver_check(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, nk_driver_group_t const *g,
+                            nk_driver_lists_t *lists, unsigned r, uint64_t first_doc) {
+    void const *q_row = (char const *)q->values + (g->first + r) * q->row_bytes;
+    double inv_q = q->inv_norms[g->first + r], best = g->best[r];
+    for (unsigned c = 0; c < lists->count[r];) {
+        uint64_t doc = first_doc + (uint64_t)lists->doc[r][c];
+        double inv_d = d->inv_norms[doc], slack;
+        if (lists->u[r][c] >= g->cut[r] && inv_d != 0.0 &&
+            nk_family_cosine_f32((int)q->dtype, q_row, (char const *)d->values + doc * d->row_bytes, q->depth, inv_q,
+                                 inv_d, &slack) + slack < best) {
+            nk_driver_remove(lists, r, c);
+            continue;
+        }
+        ++c;
+    }
+}
+#endif
+
+/* Rescore row r's listed candidates one at a time, the largest u first, until none reaches the cut
+ * (a row whose full list stopped its scan). `decoded` is its query row in float64, or NULL. */
+static void nk_driver_drain(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, nk_driver_group_t *g,
+                            nk_driver_lists_t *lists, unsigned r, uint64_t first_doc, double const *decoded) {
+    void const *q_row = (char const *)q->values + (g->first + r) * q->row_bytes;
+    double inv_q = q->inv_norms[g->first + r];
+    while (lists->count[r]) {
+        unsigned top = nk_driver_top(lists->u[r], lists->count[r]);
+        if (!(lists->u[r][top] >= g->cut[r])) break;
+        uint64_t doc = first_doc + (uint64_t)lists->doc[r][top];
+        nk_driver_remove(lists, r, top);
+        double inv_d = d->inv_norms[doc], dot;
+        if (inv_d == 0.0) {
+            nk_driver_take(g, r, 0.0);
+            continue;
+        }
+        void const *d_row = (char const *)d->values + doc * d->row_bytes;
+#if NK_FAMILY_DECODE
+        if (decoded) dot = nk_family_dot_decoded((int)q->dtype, decoded, d_row, q->depth);
+        else
+#endif
+            nk_family_dot_batch((int)q->dtype, &q_row, &d_row, 1, q->depth, &dot);
+        nk_driver_take(g, r, dot * inv_q * inv_d);
+    }
+    lists->count[r] = 0;
+    (void)decoded;
+}
+
+/* Steps 2-5 for one screened block. */
+static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, nk_driver_group_t *g,
+                                 uint64_t first_doc, uint64_t docs, float *u, int32_t const *top,
+                                 nk_driver_lists_t *lists, double *decoded_row) {
+    uint64_t tiles = (docs + NK_SCREEN_TILE - 1) / NK_SCREEN_TILE;
+    nk_driver_batch_t batch;
+    batch.n = 0;
+    /* Step 2: each row's named top first, from a threshold of its best exact cosine so far. */
+    for (unsigned r = 0; r < g->rows; ++r) {
+        g->threshold[r] = -INFINITY, g->cut[r] = -FLT_MAX;
+        nk_driver_raise(g, r, g->best[r]);
+        lists->count[r] = 0, lists->next_tile[r] = tiles;
+        if (!(g->live >> r & 1) || top[r] < 0 || (uint64_t)top[r] >= docs) continue;
+        float *at = u + (uint64_t)r * NK_DRIVER_BLOCK + (uint64_t)top[r];
+        if (!(*at >= g->cut[r])) continue;
+        *at = -INFINITY; /* the scan must not collect it again */
+        nk_driver_batch_add(&batch, q, d, g, r, first_doc + (uint64_t)top[r]);
+        if (d->cold) nk_driver_prefetch_row(batch.d_rows[batch.n - 1], d->row_bytes);
+    }
+    nk_driver_rescore(q, d, g, &batch);
+    /* Step 3: collect; in a corpus (not in cache) prefetch each row's likeliest candidate, so the
+     * misses of a whole group overlap. */
+    unsigned active[NK_DRIVER_ROWS], live = 0;
+    double checked_against[NK_DRIVER_ROWS];
+    for (unsigned r = 0; r < g->rows; ++r) {
+        checked_against[r] = -INFINITY;
+        if (!(g->live >> r & 1)) continue;
+        lists->next_tile[r] = 0;
+        lists->count[r] = nk_family_scan(u + (uint64_t)r * NK_DRIVER_BLOCK, &lists->next_tile[r], tiles, g->cut[r],
+                                         lists->u[r], lists->doc[r], NK_DRIVER_LIST);
+        if (!lists->count[r]) continue;
+        active[live++] = r;
+        if (d->cold) {
+            unsigned c = nk_driver_top(lists->u[r], lists->count[r]);
+            nk_driver_prefetch_row((char const *)d->values + (first_doc + (uint64_t)lists->doc[r][c]) * d->row_bytes,
+                                   d->row_bytes);
+        }
+    }
+    /* Step 4: rounds over the rows with candidates left. */
+    for (;;) {
+#if NK_FAMILY_F32_CHECKS
+        if (q->dtype != nk_dtype_float64_k) /* float64 does not fit float32 */
+            for (unsigned a = 0; a < live; ++a) {
+                unsigned r = active[a];
+                if (!(g->best[r] > checked_against[r])) continue; /* nothing new to check against */
+                checked_against[r] = g->best[r];
+                nk_driver_check(q, d, g, lists, r, first_doc);
+            }
+#endif
+        batch.n = 0;
+        unsigned kept = 0;
+        for (unsigned a = 0; a < live; ++a) {
+            unsigned r = active[a];
+            if (!lists->count[r]) continue;
+            unsigned c = nk_driver_top(lists->u[r], lists->count[r]);
+            if (!(lists->u[r][c] >= g->cut[r])) { /* nothing left can win */
+                lists->count[r] = 0;
+                continue;
+            }
+            nk_driver_batch_add(&batch, q, d, g, r, first_doc + (uint64_t)lists->doc[r][c]);
+            nk_driver_remove(lists, r, c);
+            if (lists->count[r]) active[kept++] = r;
+        }
+        live = kept;
+        if (!batch.n) break;
+        nk_driver_rescore(q, d, g, &batch);
+    }
+    (void)checked_against;
+    /* Step 5: rows whose scan a full list stopped; their query row is decoded once. */
+    for (unsigned r = 0; r < g->rows; ++r) {
+        if (lists->next_tile[r] == tiles) continue;
+        double const *decoded = NULL;
+#if NK_FAMILY_DECODE
+        void const *q_row = (char const *)q->values + (g->first + r) * q->row_bytes;
+        if (q->dtype == nk_dtype_float64_k) decoded = (double const *)q_row;
+        else if (q->depth <= NK_DRIVER_DECODED_DEPTH && !nk_dtype_is_exact_integer((int)q->dtype)) {
+            nk_family_decode_row((int)q->dtype, q_row, q->depth, decoded_row);
+            decoded = decoded_row;
+        }
+#endif
+        while (lists->next_tile[r] < tiles) {
+            lists->count[r] = nk_family_scan(u + (uint64_t)r * NK_DRIVER_BLOCK, &lists->next_tile[r], tiles,
+                                             g->cut[r], lists->u[r], lists->doc[r], NK_DRIVER_LIST);
+            nk_driver_drain(q, d, g, lists, r, first_doc, decoded);
+        }
+    }
+    (void)decoded_row;
+}
+
+static double nk_driver_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    _Alignas(64) float u[NK_DRIVER_ROWS * NK_DRIVER_BLOCK];
+    _Alignas(64) double decoded_row[NK_DRIVER_DECODED_DEPTH];
+    _Alignas(64) int32_t top[NK_DRIVER_ROWS];
+    _Alignas(64) nk_family_query_t query;
+    nk_driver_group_t group;
+    nk_driver_lists_t lists;
+    double total = 0.0;
+    for (uint64_t first = 0; first < q->vectors; first += NK_DRIVER_ROWS) {
+        uint64_t rows = q->vectors - first < NK_DRIVER_ROWS ? q->vectors - first : NK_DRIVER_ROWS;
+        nk_driver_group_init(q, first, rows, &group);
+        if (group.live) {
+            nk_family_prepare(q, d, first, rows, &query);
+            for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_DRIVER_BLOCK) {
+                uint64_t docs = d->vectors - first_doc < NK_DRIVER_BLOCK ? d->vectors - first_doc : NK_DRIVER_BLOCK;
+                nk_family_screen(&query, group.growth, rows, d, first_doc, docs, u, top);
+                nk_driver_candidates(q, d, &group, first_doc, docs, u, top, &lists, decoded_row);
+            }
+        }
+        for (uint64_t r = 0; r < rows; ++r) total += nk_row_distance(q->inv_norms[first + r], group.best[r]);
+    }
+    return total;
+}
+
+#endif /* NUMKONG_DRIVER_H */
