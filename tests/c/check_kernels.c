@@ -7,6 +7,10 @@
 
 #include "maxsim_internal.h"
 
+#ifdef NK_AMX_EMULATE /* the AMX family with its tile instructions in C (tests/c/run.sh) */
+double nk_maxsim_sapphireamx_emulated(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
+#endif
+
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static double uniform(void) {
     rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
@@ -81,6 +85,9 @@ int main(int argc, char **argv) {
     int failures = 0, checks = 0;
     for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); ++f)
         printf("%s: %s\n", family_names[f], (available & families[f]) ? "checked" : "not available");
+#ifdef NK_AMX_EMULATE
+    printf("sapphireamx (emulated tile instructions): checked\n");
+#endif
     for (int dtype = 1; dtype <= 8; ++dtype)
         for (size_t c = 0; c < case_count; ++c)
             for (int kind = 0; kind < kind_count; ++kind) {
@@ -95,14 +102,29 @@ int main(int argc, char **argv) {
                 void *q = pack(xq, nq, depth, dtype), *d = pack(xd, nd, depth, dtype);
                 double reference;
                 nk_maxsim_score(q, d, nk_cap_serial_k, &reference);
-                for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); ++f) {
-                    if (!(available & families[f])) continue;
+                for (size_t f = 0; f < sizeof(families) / sizeof(families[0]) + 1; ++f) {
                     double got;
-                    nk_maxsim_score(q, d, families[f], &got);
+                    if (f == sizeof(families) / sizeof(families[0])) { /* the emulated AMX family, if built */
+#ifdef NK_AMX_EMULATE
+                        nk_maxsim_matrix_t qm = {q, {0}}, dm = {d, {0}};
+                        nk_maxsim_view_t qv, dv;
+                        nk_maxsim_info(q, &qm.info), nk_maxsim_info(d, &dm.info);
+                        nk_maxsim_view_init(&qm, &qv), nk_maxsim_view_init(&dm, &dv);
+                        if (depth == 0 || depth > NK_SCREEN_MAX_DEPTH || nq == 0) continue;
+                        got = nk_maxsim_sapphireamx_emulated(&qv, &dv);
+#else
+                        continue;
+#endif
+                    }
+                    else {
+                        if (!(available & families[f])) continue;
+                        nk_maxsim_score(q, d, families[f], &got);
+                    }
                     ++checks;
                     if (!(fabs(got - reference) <= 1e-9 * fmax(1.0, fabs(reference)))) {
                         ++failures;
-                        printf("MISMATCH %s %s depth=%llu %llux%llu %s: %.17g vs serial %.17g\n", family_names[f],
+                        printf("MISMATCH %s %s depth=%llu %llux%llu %s: %.17g vs serial %.17g\n",
+                               f < sizeof(families) / sizeof(families[0]) ? family_names[f] : "sapphireamx (emulated)",
                                dtype_names[dtype], (unsigned long long)depth, (unsigned long long)nq,
                                (unsigned long long)nd, kind_names[kind], got, reference);
                     }

@@ -30,5 +30,15 @@ x86_64*)
     done ;;
 esac
 for base in capabilities corpus dispatch pack; do compile "$base" "${defines[@]}"; done
+# The AMX family once more with its tile instructions in C (x86/amx_emulation.h), so that its logic
+# is checked on CPUs without AMX too; the driver calls it directly.
+case "$("$cc" -dumpmachine)" in
+x86_64*)
+    mapfile -t flags < <(family_flags icelake)
+    "$cc" "${common[@]}" "${flags[@]}" -DNK_AMX_EMULATE -Dnk_maxsim_sapphireamx=nk_maxsim_sapphireamx_emulated \
+        -c "$root/src/kernels/x86/sapphireamx.c" -o "$out/sapphireamx_emulated.o"
+    objects+=("$out/sapphireamx_emulated.o")
+    defines+=("-DNK_AMX_EMULATE") ;;
+esac
 "$cc" "${common[@]}" "${defines[@]}" "$here/check_kernels.c" "${objects[@]}" -lm -lpthread -o "$out/check_kernels"
 ${RUNNER:-} "$out/check_kernels"
