@@ -560,13 +560,23 @@ cdef nk_status_t maxsim_packed_nogil(MaxSimPackedMatrix queries, MaxSimPackedMat
     return nk_maxsim_score_matrices(&queries.matrix, &documents.matrix, capabilities, result)
 
 
+# Below this many multiply-adds (query rows x document rows x depth, about a microsecond) a call keeps
+# the GIL: releasing and taking it back costs more than the kernel (NumPy thresholds the same way).
+DEF _NOGIL_WORK = 1 << 16
+
+
 cdef double _score(MaxSimPackedMatrix queries, MaxSimPackedMatrix documents, uint64_t mask) except? -1:
     cdef double result = 0.0
     cdef nk_status_t status
     _require_packed(queries.matrix.data, queries)
     _require_packed(documents.matrix.data, documents)
-    with nogil:
+    cdef double work = <double>queries.matrix.info.vectors * <double>documents.matrix.info.vectors * \
+        <double>queries.matrix.info.depth
+    if work < _NOGIL_WORK:
         status = nk_maxsim_score_matrices(&queries.matrix, &documents.matrix, mask, &result)
+    else:
+        with nogil:
+            status = nk_maxsim_score_matrices(&queries.matrix, &documents.matrix, mask, &result)
     if status != nk_ok_k:
         _raise_for(status, _pair_context(queries, documents, "queries", "documents", "have"))
     return result
