@@ -26,6 +26,36 @@ if os.path.abspath(nk.__file__).startswith(os.path.join(_REPO, "src") + os.sep):
     raise pytest.UsageError(f"numkong was imported from the source tree ({nk.__file__}); install it first")
 
 # ---------------------------------------------------------------------------------------------
+# Test tiers: `python -m pytest tests` is the quick tier; `--slow` adds the tests marked slow (qemu Arm
+# runs, sanitizer rebuilds, the Windows build under wine, the wheel check, long fuzzing), whose tools
+# `bash tools/install_slow_tier.sh` installs. No test installs anything itself.
+
+SLOW_TIER_HINT = "run 'bash tools/install_slow_tier.sh .venv' (as root: it apt-installs the tools) first"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the slow tier (tests marked slow); see the README's Tests section")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow tier: run with --slow (python -m pytest tests --slow)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def require_tools(*tools):
+    """Fail a slow-tier test whose tools are missing (it was asked for explicitly), naming the fix."""
+    import shutil
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        pytest.fail(f"the slow tier needs {', '.join(missing)}: {SLOW_TIER_HINT}", pytrace=False)
+
+
+# ---------------------------------------------------------------------------------------------
 # Dtypes
 
 DTYPES = ["float64", "float32", "float16", "bfloat16", "e4m3", "e5m2", "e2m3", "e3m2"]
