@@ -9,8 +9,13 @@ The reference never calls numkong: it recomputes the stored values of a packed m
 rule in DESIGN.md / pack.c (nk_row_scale_exponent), then every cosine in float64.
 """
 import functools
+import importlib.util
 import math
 import os
+import shutil
+import subprocess
+import sys
+import sysconfig
 
 import ml_dtypes
 import numpy as np
@@ -49,7 +54,6 @@ def pytest_collection_modifyitems(config, items):
 
 def require_tools(*tools):
     """Fail a slow-tier test whose tools are missing (it was asked for explicitly), naming the fix."""
-    import shutil
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         pytest.fail(f"the slow tier needs {', '.join(missing)}: {SLOW_TIER_HINT}", pytrace=False)
@@ -243,3 +247,25 @@ def native_matrix(rows, depth, seed, name):
     if name in MAX_FINITE:
         x = np.clip(x * (MAX_FINITE[name] / 4), -MAX_FINITE[name], MAX_FINITE[name])
     return x.astype(NUMPY_DTYPES[name])
+
+
+# ---------------------------------------------------------------------------------------------
+# Cython extensions built against the installed package (test_cimport, the README's Cython block)
+
+
+def build_cython_extension(source, name, workdir):
+    """Compile `source` (.pyx text) into extension `name` in `workdir` against the installed numkong's
+    .pxd files and C header, and import it; skips without Cython or a C compiler."""
+    pytest.importorskip("Cython.Build")  # the test extra installs Cython
+    cc = (sysconfig.get_config_var("CC") or "cc").split()
+    if shutil.which(cc[0]) is None:
+        pytest.skip("no C compiler on this machine")
+    (workdir / f"{name}.pyx").write_text(source)
+    subprocess.run([sys.executable, "-m", "cython", "-3", f"{name}.pyx", "-o", f"{name}.c"], cwd=workdir, check=True)
+    target = workdir / (name + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run(cc + ["-shared", "-fPIC", "-O2", "-I" + sysconfig.get_paths()["include"], "-I" + nk.get_include(),
+                         f"{name}.c", "-o", str(target)], cwd=workdir, check=True)
+    spec = importlib.util.spec_from_file_location(name, target)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
