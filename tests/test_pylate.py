@@ -174,6 +174,14 @@ def test_colbert_scores_matrix(case):
     assert np.array_equal(nkp.colbert_scores(np.stack([queries[0]]), batch, documents_mask=mask), got[:1])
 
 
+def test_no_queries_give_an_empty_matrix():
+    documents = [embeddings(5, 21), embeddings(3, 22)]
+    assert nkp.colbert_scores([], documents).shape == (0, 2)
+    assert nkp.colbert_scores([], nkp.pack_documents(documents)).shape == (0, 2)
+    with pytest.raises(ValueError, match="no documents"):
+        nkp.colbert_scores([embeddings(2, 23)], [])
+
+
 def test_empty_candidate_lists_and_wider_dtypes():
     query = embeddings(4, 11).astype(np.float64)
     assert nkp.rerank([[]], [query], [[]]) == [[]]

@@ -68,17 +68,7 @@ def rerank(documents_ids, queries_embeddings, documents_embeddings, device=None,
         if len(query_ids) == 0:
             results.append([])
             continue
-        if isinstance(candidates, _nk.MaxSimPackedCorpus):
-            if masks is not None:
-                raise ValueError(f"query {position}: a packed corpus has no padding to mask; pass "
-                                 f"documents_mask=None for it")
-            distances = _distances([_pack_query(query, candidates.dtype, position)], candidates, threads)
-        else:
-            matrices = _documents(candidates, masks, f"query {position}: ")
-            name = dtype or _common_dtype([query] + matrices)
-            distances = _score_documents([_pack_query(query, name, position)], matrices, name, threads,
-                                         f"query {position}: ")
-        similarity = query.shape[0] - distances[0]
+        similarity = _similarities([query], candidates, masks, dtype, threads, f"query {position}: ")[0]
         order = _np.argsort(-similarity, kind="stable")  # ties keep the documents' order
         results.append([{"id": query_ids[index], "score": float(similarity[index])} for index in order.tolist()])
     return results
@@ -97,22 +87,7 @@ def colbert_scores(queries_embeddings, documents_embeddings, queries_mask=None, 
     Returns a float64 NumPy array [queries, documents] of sums over query rows of the largest cosine.
     """
     queries = _queries(queries_embeddings, queries_mask, single=False)
-    counts = _np.array([query.shape[0] for query in queries], dtype=_np.float64)
-    if isinstance(documents_embeddings, _nk.MaxSimPackedCorpus):
-        if documents_mask is not None:
-            raise ValueError("a packed corpus has no padding to mask; pass documents_mask=None with it")
-        corpus = documents_embeddings
-        if not queries:
-            return _np.zeros((0, len(corpus)))
-        packed = [_pack_query(query, corpus.dtype, position) for position, query in enumerate(queries)]
-        return counts[:, None] - _distances(packed, corpus, threads)
-    matrices = _documents(documents_embeddings, documents_mask)
-    name = dtype or _common_dtype(queries + matrices)
-    if not queries:
-        _pack_corpus(matrices, name)  # the same errors as with queries
-        return _np.zeros((0, len(matrices)))
-    packed = [_pack_query(query, name, position) for position, query in enumerate(queries)]
-    return counts[:, None] - _score_documents(packed, matrices, name, threads)
+    return _similarities(queries, documents_embeddings, documents_mask, dtype, threads)
 
 
 def pack_documents(documents_embeddings, documents_mask=None, *, dtype=None):
@@ -141,7 +116,7 @@ def _array(obj, what):
     if hasattr(obj, "__dlpack__"):
         return _from_dlpack(obj, what)
     if isinstance(obj, (list, tuple)):
-        if obj and (isinstance(obj[0], _np.ndarray) or hasattr(obj[0], "__dlpack__")):
+        if not obj or isinstance(obj[0], _np.ndarray) or hasattr(obj[0], "__dlpack__"):
             return None
         try:
             return _np.asarray(obj, dtype=_np.float32)  # PyLate makes float32 tensors of lists
@@ -241,6 +216,23 @@ def _check_rows(matrices, what):
 def _pack_corpus(matrices, name, what=""):
     _check_rows(matrices, what)
     return _nk.maxsim_pack_corpus(matrices, dtype=name)
+
+
+def _similarities(queries, documents, mask, dtype, threads, what=""):
+    """ColBERT similarities [queries, documents] of query matrices against one set of documents: a packed
+    corpus, or matrices / a padded batch with its mask, packed here in the narrowest common format."""
+    if isinstance(documents, _nk.MaxSimPackedCorpus):
+        if mask is not None:
+            raise ValueError(f"{what}a packed corpus has no padding to mask; pass documents_mask=None with it")
+        packed = [_pack_query(query, documents.dtype, position) for position, query in enumerate(queries)]
+        distances = _distances(packed, documents, threads)
+    else:
+        matrices = _documents(documents, mask, what)
+        name = dtype or _common_dtype(queries + matrices)
+        packed = [_pack_query(query, name, position) for position, query in enumerate(queries)]
+        distances = _score_documents(packed, matrices, name, threads, what)
+    counts = _np.array([query.shape[0] for query in queries], dtype=_np.float64)
+    return counts[:, None] - distances
 
 
 def _pack_query(query, name, position):
