@@ -64,7 +64,7 @@ class Producer:
     Overrides make it lie about one field at a time: device, major version, dtype, lanes, flags, strides."""
 
     def __init__(self, array, *, versioned=True, device=1, capsule_device=None, major=1, code=None, bits=None,
-                 lanes=1, flags=0, strides="elements", byte_offset=0, shape=None):
+                 lanes=1, flags=0, strides="elements", byte_offset=0, shape=None, null_data=False):
         self.array = array
         self.versioned, self.device, self.major = versioned, device, major
         self.capsule_device = device if capsule_device is None else capsule_device
@@ -74,6 +74,7 @@ class Producer:
         self.bits = default_bits if bits is None else bits
         self.lanes, self.flags, self.strides, self.byte_offset = lanes, flags, strides, byte_offset
         self.shape = array.shape if shape is None else shape
+        self.null_data = null_data
         self.deleted = 0
         self.capsules = []
 
@@ -86,7 +87,7 @@ class Producer:
         managed = managed_type()
         shape = (ctypes.c_int64 * len(self.shape))(*self.shape)
         tensor = managed.dl_tensor
-        tensor.data = self.array.__array_interface__["data"][0] - self.byte_offset
+        tensor.data = None if self.null_data else self.array.__array_interface__["data"][0] - self.byte_offset
         tensor.byte_offset = self.byte_offset
         tensor.device = DLDevice(self.capsule_device, 0)
         tensor.ndim = len(self.shape)
@@ -196,7 +197,8 @@ def test_used_capsule_is_refused():
     ({"lanes": 2}, TypeError, "2 lanes"),
     ({"code": 3, "bits": 64}, TypeError, "type code 3"),
     ({"code": 15, "bits": 6}, TypeError, "packed"),  # fp6 without the one-element-per-byte flag
-], ids=["device", "major-version", "lanes", "opaque-handle", "packed-fp6"])
+    ({"null_data": True}, TypeError, "no data pointer"),
+], ids=["device", "major-version", "lanes", "opaque-handle", "packed-fp6", "null-data"])
 def test_refused_capsules_still_release_the_tensor(override, error, match):
     producer = Producer(np.ones((2, 3), dtype=np.float64 if "code" not in override else np.uint8), **override)
     with pytest.raises(error, match=match):

@@ -203,8 +203,10 @@ cdef object _view_capsule(object capsule, str role):
         if strides is not None:
             strides.append(tensor.strides[axis] * dtype.itemsize)  # DLPack counts strides in elements
     shape = tuple(shape)
-    if 0 in shape or tensor.data == NULL:
+    if 0 in shape:
         return np.empty(shape, dtype=dtype)  # nothing to view; the owner releases the tensor now
+    if tensor.data == NULL:
+        raise TypeError(f"{role} was exported through DLPack with no data pointer for shape {shape}")
     owner._interface = {
         "version": 3,
         "shape": shape,
