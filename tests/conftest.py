@@ -9,8 +9,13 @@ The reference never calls numkong: it recomputes the stored values of a packed m
 rule in DESIGN.md / pack.c (nk_row_scale_exponent), then every cosine in float64.
 """
 import functools
+import importlib.util
 import math
 import os
+import shutil
+import subprocess
+import sys
+import sysconfig
 
 import ml_dtypes
 import numpy as np
@@ -24,6 +29,35 @@ import numkong as nk
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.abspath(nk.__file__).startswith(os.path.join(_REPO, "src") + os.sep):
     raise pytest.UsageError(f"numkong was imported from the source tree ({nk.__file__}); install it first")
+
+# ---------------------------------------------------------------------------------------------
+# Test tiers: `python -m pytest tests` is the quick tier; `--slow` adds the tests marked slow (qemu Arm
+# runs, sanitizer rebuilds, the Windows build under wine, the wheel check, long fuzzing), whose tools
+# `bash tools/install_slow_tier.sh` installs. No test installs anything itself.
+
+SLOW_TIER_HINT = "run 'bash tools/install_slow_tier.sh .venv' (as root: it apt-installs the tools) first"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the slow tier (tests marked slow); see the README's Tests section")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow tier: run with --slow (python -m pytest tests --slow)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def require_tools(*tools):
+    """Fail a slow-tier test whose tools are missing (it was asked for explicitly), naming the fix."""
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        pytest.fail(f"the slow tier needs {', '.join(missing)}: {SLOW_TIER_HINT}", pytrace=False)
+
 
 # ---------------------------------------------------------------------------------------------
 # Dtypes
@@ -213,3 +247,25 @@ def native_matrix(rows, depth, seed, name):
     if name in MAX_FINITE:
         x = np.clip(x * (MAX_FINITE[name] / 4), -MAX_FINITE[name], MAX_FINITE[name])
     return x.astype(NUMPY_DTYPES[name])
+
+
+# ---------------------------------------------------------------------------------------------
+# Cython extensions built against the installed package (test_cimport, the README's Cython block)
+
+
+def build_cython_extension(source, name, workdir):
+    """Compile `source` (.pyx text) into extension `name` in `workdir` against the installed numkong's
+    .pxd files and C header, and import it; skips without Cython or a C compiler."""
+    pytest.importorskip("Cython.Build")  # the test extra installs Cython
+    cc = (sysconfig.get_config_var("CC") or "cc").split()
+    if shutil.which(cc[0]) is None:
+        pytest.skip("no C compiler on this machine")
+    (workdir / f"{name}.pyx").write_text(source)
+    subprocess.run([sys.executable, "-m", "cython", "-3", f"{name}.pyx", "-o", f"{name}.c"], cwd=workdir, check=True)
+    target = workdir / (name + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run(cc + ["-shared", "-fPIC", "-O2", "-I" + sysconfig.get_paths()["include"], "-I" + nk.get_include(),
+                         f"{name}.c", "-o", str(target)], cwd=workdir, check=True)
+    spec = importlib.util.spec_from_file_location(name, target)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

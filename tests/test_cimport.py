@@ -1,15 +1,12 @@
 """A small Cython extension compiled against the installed package: cimport, nogil scoring, threads."""
 import os
-import shutil
-import subprocess
-import sys
-import sysconfig
 import threading
 
 import numpy as np
 import pytest
 
 import numkong as nk
+from conftest import build_cython_extension
 
 CONSUMER = r'''
 # cython: language_level=3
@@ -33,32 +30,9 @@ def score_repeatedly(MaxSimPackedMatrix queries, MaxSimPackedMatrix documents, i
 '''
 
 
-def _compiler():
-    return shutil.which(sysconfig.get_config_var("CC").split()[0] if sysconfig.get_config_var("CC") else "cc")
-
-
 @pytest.fixture(scope="module")
 def consumer(tmp_path_factory):
-    cython = pytest.importorskip("Cython.Build")  # noqa: F841  (the test extra installs Cython)
-    if _compiler() is None:
-        pytest.skip("no C compiler on this machine")
-    workdir = tmp_path_factory.mktemp("consumer")
-    (workdir / "consumer.pyx").write_text(CONSUMER)
-    subprocess.run([sys.executable, "-m", "cython", "consumer.pyx", "-o", "consumer.c"], cwd=workdir, check=True)
-    target = workdir / ("consumer" + sysconfig.get_config_var("EXT_SUFFIX"))
-    command = sysconfig.get_config_var("CC").split() + [
-        "-shared", "-fPIC", "-O2",
-        "-I" + sysconfig.get_paths()["include"],
-        "-I" + nk.get_include(),
-        "consumer.c", "-o", str(target),
-    ]
-    subprocess.run(command, cwd=workdir, check=True)
-    sys.path.insert(0, str(workdir))
-    try:
-        import consumer as module
-        yield module
-    finally:
-        sys.path.remove(str(workdir))
+    return build_cython_extension(CONSUMER, "consumer", tmp_path_factory.mktemp("consumer"))
 
 
 def test_header_is_installed():

@@ -1,19 +1,21 @@
 """The whole suite once more against an AddressSanitizer + UndefinedBehaviorSanitizer build
-(meson's b_sanitize option, via tools/sanitize.sh). Skipped inside that run itself."""
+(meson's b_sanitize option, via tools/sanitize.sh). Slow tier; skipped inside that run itself."""
 import os
-import shutil
 import subprocess
 
 import pytest
 
+from conftest import require_tools
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("NUMKONG_SANITIZED") == "1", reason="already the sanitized run")
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="the sanitizer build needs gcc")
 def test_suite_passes_under_address_and_undefined_sanitizers(tmp_path):
+    require_tools("gcc")
     environment = dict(os.environ, NUMKONG_SANITIZE_VENV=str(tmp_path / "venv"))
-    # The C drivers already run under the sanitizers in the regular suite; skip them here.
+    # The C driver runs under the sanitizers on its own in the slow tier; the inner run is the quick tier.
     run = subprocess.run(["bash", os.path.join(ROOT, "tools", "sanitize.sh"), "-q", "-x", "-k",
                           "not c_kernels and not arm_families"], capture_output=True, text=True,
                          env=environment, timeout=3000)

@@ -6,7 +6,7 @@ vs a 1,000-document corpus) then runs in a fresh, unpinned process on 1 and on a
 maxsim-cpu's maxsim_scores_variable (which uses all cores).
 
     python tools/bench.py [--quick] [--json PATH] [--families] [--anchor-python PATH/TO/python]
-                          [--cpu-class icelake] [--datasets N]
+                          [--cpu-class icelake] [--datasets N] [--pylate-only]
 
 Pairs run on one thread pinned to one CPU. For numkong the timed call is maxsim_packed() on
 pre-packed operands (what a reranker does per query and document); NumPy is matmul + max + sum on
@@ -30,6 +30,12 @@ one format or implementation by a few percent that another set reverses.
 CPU has (both packages name them the same way), e.g. to measure on an AMX machine what a CPU with
 AVX-512 VNNI but no AVX512-BF16/FP16 or AMX would see. Ours goes through NUMKONG_DISABLE (so the
 corpus run is limited too), the anchor through its disable_capability().
+
+PyLate reranking (in the same fresh process, when pylate is importable): one 32-token query reranking
+1,000 documents of 180 tokens (unit-normalized float32 torch tensors, depth 128) on 2 threads, timing
+pylate.rank.rerank against numkong.pylate.rerank from the same tensors (packing included) and against
+numkong.pylate.rerank of documents packed ahead with numkong.pylate.pack_documents; the ratios are
+PyLate's time over ours. --pylate-only runs just that part.
 
 Accuracy is |score - reference| / reference, the reference being float64 MaxSim on the values as
 stored in the packing dtype (operands are handed over already in that dtype, so nothing is rounded
@@ -305,6 +311,57 @@ def corpus_cases(rounds, target):
     return records
 
 
+PYLATE_CASE = {"query_tokens": 32, "documents": 1000, "tokens": 180, "depth": 128, "threads": 2}
+
+
+def pylate_cases(rounds, target):
+    """pylate.rank.rerank against numkong.pylate.rerank on PYLATE_CASE; [] when pylate is not importable."""
+    case = PYLATE_CASE
+    try:
+        import torch
+        from pylate import rank
+    except ImportError as error:
+        print(f"\nPyLate reranking: n/a ({error}; bash tools/install_slow_tier.sh installs pylate)")
+        return []
+    from numkong import pylate as nkp
+    threads = case["threads"]
+    torch.set_num_threads(threads)
+    rng = np.random.default_rng(11)
+    query = torch.from_numpy(unit_rows(rng.standard_normal((case["query_tokens"], case["depth"]), dtype=np.float32)))
+    documents = [torch.from_numpy(unit_rows(rng.standard_normal((case["tokens"], case["depth"]), dtype=np.float32)))
+                 for _ in range(case["documents"])]
+    ids = [list(range(case["documents"]))]
+    packed = nkp.pack_documents(documents)
+    functions = {
+        "pylate.rank.rerank": lambda: rank.rerank(ids, [query], [documents]),
+        "numkong.pylate.rerank": lambda: nkp.rerank(ids, [query], [documents], threads=threads),
+        "numkong.pylate, packed ahead": lambda: nkp.rerank(ids, [query], [packed], threads=threads),
+    }
+    print(f"\nPyLate reranking: one {case['query_tokens']}-token query, {case['documents']} documents x "
+          f"{case['tokens']} tokens, depth {case['depth']}, float32, {threads} threads")
+    # PyLate's float32 scores tie or swap documents whose exact scores differ by less than its rounding:
+    # the rankings agree when PyLate's scores, read in our order, never rise by more than that.
+    tolerance = case["query_tokens"] * (case["depth"] + case["query_tokens"]) * 2.0 ** -24
+    print(f"{'impl':<30} {'ms':>9} {'pylate/this':>11} {'same ranking':>12} {'max |score diff|':>16}")
+    best = {name: float("inf") for name in functions}
+    for _ in range(rounds):
+        for name, function in functions.items():
+            best[name] = min(best[name], per_call_seconds(function, max(target, 0.05)))
+    theirs = functions["pylate.rank.rerank"]()[0]
+    records = []
+    for name, function in functions.items():
+        results = function()[0]
+        their_scores = {r["id"]: r["score"] for r in theirs}
+        in_our_order = np.array([their_scores[r["id"]] for r in results])
+        same = bool(np.all(np.diff(in_our_order) <= tolerance))
+        difference = max(abs(r["score"] - their_scores[r["id"]]) for r in results)
+        ratio = best["pylate.rank.rerank"] / best[name]
+        print(f"{name:<30} {best[name] * 1e3:>9.2f} {ratio:>11.2f} {str(same):>12} {difference:>16.1e}")
+        records.append({"impl": name, "ms": best[name] * 1e3, "pylate_ratio": ratio, "same_ranking": same,
+                        "max_score_difference": difference, **case})
+    return records
+
+
 def run(args):
     """Pin, print the families, time every case with interleaved rounds, print and save the table."""
     import numkong as nk
@@ -387,11 +444,12 @@ def run(args):
         subprocess.run([sys.executable, os.path.abspath(__file__), "--corpus-worker", path, "--rounds", str(rounds),
                         "--target", str(target)], check=True)
         with open(path) as file:
-            corpus = json.load(file)
+            worker = json.load(file)
+    corpus, pylate = worker["corpus"], worker["pylate"]
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"meta": meta, "results": records, "packed_bytes_per_row": sizes, "corpus": corpus}, file,
-                      indent=1)
+            json.dump({"meta": meta, "results": records, "packed_bytes_per_row": sizes, "corpus": corpus,
+                       "pylate": pylate}, file, indent=1)
         print(f"\nwrote {args.json}")
 
 
@@ -409,6 +467,8 @@ def main():
     parser.add_argument("--cpu-class", choices=CPU_CLASSES[1:],
                         help="limit both numkong builds to the kernel families of this x86 CPU class")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--pylate-only", action="store_true",
+                        help="only the PyLate reranking comparison (needs pylate and torch)")
     parser.add_argument("--corpus-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.kept_families = CPU_CLASSES[:CPU_CLASSES.index(args.cpu_class) + 1] if args.cpu_class else None
@@ -419,9 +479,14 @@ def main():
     if args.worker:
         worker()
     elif args.corpus_worker:
-        records = corpus_cases(args.rounds, args.target)
+        records = {"corpus": corpus_cases(args.rounds, args.target), "pylate": pylate_cases(args.rounds, args.target)}
         with open(args.corpus_worker, "w") as file:
             json.dump(records, file)
+    elif args.pylate_only:
+        records = pylate_cases(args.rounds, args.target)
+        if args.json:
+            with open(args.json, "w") as file:
+                json.dump({"pylate": records}, file, indent=1)
     else:
         run(args)
 

@@ -3,7 +3,7 @@
     maxsim(Q, D) = sum over query rows q of min over document rows d of max(0, 1 - cos(q, d))
 
 computed on the values as stored in the packing dtype, exact to float64 accumulation.
-While no cosine is negative, the ColBERT similarity is sum_q max_d cos = query_count - maxsim.
+The ColBERT similarity is sum_q max_d cos = query_count - maxsim (1 - cos is never negative).
 """
 import os as _os
 

@@ -1,5 +1,7 @@
 """python -m numkong: show the build and CPU capabilities, then score a built-in ColBERT-shaped sample.
 
+    python -m numkong [--families] [--json] [--version] [--help]
+
 The sample is synthetic and deterministic: 32 query tokens and ~300 documents of 60..300 tokens at
 depth 128, rows drawn from a normal distribution with a few large outlier dimensions (as transformer
 embeddings have), and a few documents seeded with noisy copies of the query tokens so that the
@@ -7,7 +9,9 @@ ranking has clear winners. Every available kernel family scores every document i
 bfloat16 packing and is checked against a NumPy float64 reference computed on the same stored
 values. Exits 1 if any family is off by more than 1e-12 relative (float64 accumulation rounding).
 """
+import argparse
 import contextlib
+import json
 import sys
 import time
 
@@ -24,6 +28,18 @@ RELEVANT = (17, 123, 256)  # documents that contain noisy copies of query tokens
 TOLERANCE = 1e-12  # relative, per document: float64 accumulation rounding, as the tests hold
 TIMED = 50  # documents per timing pass (every document is scored and checked)
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+# Instruction sets of each kernel family (the flags in src/kernels/family_flags.txt).
+FAMILY_ISA = {
+    "serial": "portable C reference",
+    "haswell": "AVX2, FMA, F16C",
+    "skylake": "haswell + AVX-512 F/CD/BW/DQ/VL",
+    "icelake": "skylake + AVX-512 VNNI, VBMI, VBMI2, BITALG, VPOPCNTDQ",
+    "sapphire": "icelake + AVX512-FP16, AVX512-BF16 (no kernels yet)",
+    "sapphireamx": "icelake + AMX-TILE, AMX-INT8",
+    "neon": "Armv8.2-A Advanced SIMD with dotprod and fp16",
+    "sve": "Armv8.2-A SVE (vector-length agnostic)",
+    "sve2": "SVE2 (no kernels yet)",
+}
 
 
 def sample():
@@ -67,11 +83,6 @@ def best_time(function, repeats=3):
     return best
 
 
-def family_names(mask):
-    """Lower-case names of the Capability bits set in `mask`."""
-    return ", ".join(c.name.lower() for c in nk.Capability if mask & c) or "none"
-
-
 def single_threaded_blas():
     """Limit NumPy's BLAS to one thread (threadpoolctl, when installed): small matmuls run faster so."""
     try:
@@ -81,20 +92,42 @@ def single_threaded_blas():
     return threadpool_limits(1)
 
 
-def main():
-    print(f"numkong {nk.__version__}")
-    print(f"  compiled:  {family_names(nk.get_capabilities('compiled'))}")
-    print(f"  this CPU:  {family_names(nk.get_capabilities('cpu'))}")
-    print(f"  available: {family_names(nk.get_capabilities('available'))}")
+def families():
+    """Every kernel family: its instruction sets and whether this build, this CPU and this process have it."""
+    kinds = {kind: nk.get_capabilities(kind) for kind in ("compiled", "cpu", "available")}
+    return [{"family": c.name.lower(), "bit": int(c), "isa": FAMILY_ISA.get(c.name.lower(), ""),
+             **{kind: bool(mask & c) for kind, mask in kinds.items()}} for c in nk.Capability]
+
+
+def print_families(as_json):
+    rows = families()
+    if as_json:
+        print(json.dumps({"numkong": nk.__version__, "families": rows}, indent=1))
+        return 0
+    print(f"{'family':<12} {'compiled':<9} {'this CPU':<9} {'available':<10} instruction sets")
+    for row in rows:
+        marks = ["yes" if row[kind] else "-" for kind in ("compiled", "cpu", "available")]
+        print(f"{row['family']:<12} {marks[0]:<9} {marks[1]:<9} {marks[2]:<10} {row['isa']}")
+    print("\navailable = compiled, supported by this CPU and OS, and not removed by NUMKONG_DISABLE")
+    return 0
+
+
+def main(as_json=False):
+    """Score the sample with every available family and dtype; print a table (or, as_json, one JSON object)."""
+    out = (lambda *args, **kwargs: None) if as_json else print
+    report = {"numkong": nk.__version__, "tolerance": TOLERANCE, "results": [], "mismatches": []}
+    out(f"numkong {nk.__version__}")
+    for kind, label in (("compiled", "compiled:"), ("cpu", "this CPU:"), ("available", "available:")):
+        report[kind] = [c.name.lower() for c in nk.Capability if nk.get_capabilities(kind) & c]
+        out(f"  {label:<10} {', '.join(report[kind]) or 'none'}")
 
     queries, documents = sample()
     tokens = sum(len(d) for d in documents)
-    print(f"\nSample: {QUERY_TOKENS} query tokens x {len(documents)} documents "
-          f"({tokens} tokens, {min(map(len, documents))}..{max(map(len, documents))} each), depth {DEPTH}\n")
-    print(f"{'family':<12} {'dtype':<9} {'total score':>18} {'us/call':>9} {'max |diff|':>11}  top-5 documents")
+    out(f"\nSample: {QUERY_TOKENS} query tokens x {len(documents)} documents "
+        f"({tokens} tokens, {min(map(len, documents))}..{max(map(len, documents))} each), depth {DEPTH}\n")
+    out(f"{'family':<12} {'dtype':<9} {'total score':>18} {'us/call':>9} {'max |diff|':>11}  top-5 documents")
 
-    failures = 0
-    families = [c for c in nk.Capability if nk.get_capabilities("available") & c]
+    active = [c for c in nk.Capability if nk.get_capabilities("available") & c]
     for dtype_name, dtype in DTYPES.items():
         # Cast once: a row already in the packing format is stored bit-exact, so the reference
         # below sees exactly the values the kernels see.
@@ -109,7 +142,7 @@ def main():
                                      for d in unit_d[:TIMED]])
         rows = [("numpy-f64", expected, seconds)]
 
-        for family in families:
+        for family in active:
             packed_q = nk.maxsim_pack(stored_q, dtype=dtype_name, capabilities=family)
             packed_d = [nk.maxsim_pack(d, dtype=dtype_name, capabilities=family) for d in stored_d]
             scores = np.array([nk.maxsim_packed(packed_q, d, capabilities=family) for d in packed_d])
@@ -118,27 +151,51 @@ def main():
             rows.append((family.name.lower(), scores, seconds))
             bad = np.abs(scores - expected) > TOLERANCE * np.maximum(1.0, np.abs(expected))
             if bad.any():
-                failures += 1
                 worst = int(np.argmax(np.abs(scores - expected)))
-                print(f"MISMATCH {family.name.lower()} {dtype_name}: {int(bad.sum())} documents differ, "
-                      f"e.g. document {worst}: {scores[worst]!r} vs reference {expected[worst]!r}")
+                report["mismatches"].append({"family": family.name.lower(), "dtype": dtype_name,
+                                             "documents": int(bad.sum()), "worst_document": worst})
+                out(f"MISMATCH {family.name.lower()} {dtype_name}: {int(bad.sum())} documents differ, "
+                    f"e.g. document {worst}: {scores[worst]!r} vs reference {expected[worst]!r}")
 
         for name, scores, seconds in rows:
-            top = ", ".join(str(i) for i in np.argsort(scores, kind="stable")[:5])
-            print(f"{name:<12} {dtype_name:<9} {scores.sum():>18.12f} {seconds / TIMED * 1e6:>9.2f} "
-                  f"{np.abs(scores - expected).max():>11.2e}  {top}")
+            top = [int(i) for i in np.argsort(scores, kind="stable")[:5]]
+            difference = float(np.abs(scores - expected).max())
+            report["results"].append({"implementation": name, "dtype": dtype_name, "total_score": float(scores.sum()),
+                                      "us_per_call": seconds / TIMED * 1e6, "max_abs_difference": difference,
+                                      "top5": top})
+            out(f"{name:<12} {dtype_name:<9} {scores.sum():>18.12f} {seconds / TIMED * 1e6:>9.2f} "
+                f"{difference:>11.2e}  {', '.join(map(str, top))}")
 
-    print("\nScore = sum over query tokens of min over document tokens of max(0, 1 - cos); lower is closer "
-          f"(ColBERT similarity = {QUERY_TOKENS} - score). Top-5 lists the closest documents; "
-          f"documents {', '.join(map(str, RELEVANT))} were seeded with query tokens.")
-    if failures:
-        print(f"FAILED: {failures} family/dtype combinations disagree with the reference beyond {TOLERANCE:g}")
-        return 1
-    print(f"OK: every family agrees with the float64 reference within {TOLERANCE:g} relative")
-    return 0
+    out("\nScore = sum over query tokens of min over document tokens of max(0, 1 - cos); lower is closer "
+        f"(ColBERT similarity = {QUERY_TOKENS} - score). Top-5 lists the closest documents; "
+        f"documents {', '.join(map(str, RELEVANT))} were seeded with query tokens.")
+    failures = len(report["mismatches"])
+    report["ok"] = not failures
+    if as_json:
+        print(json.dumps(report, indent=1))
+    elif failures:
+        out(f"FAILED: {failures} family/dtype combinations disagree with the reference beyond {TOLERANCE:g}")
+    else:
+        out(f"OK: every family agrees with the float64 reference within {TOLERANCE:g} relative")
+    return 1 if failures else 0
+
+
+def parse_arguments(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m numkong",
+        description="Show this build's kernel families and score a built-in ColBERT-shaped sample with each, "
+                    "checked against a float64 NumPy reference (exit status 1 on any mismatch).")
+    parser.add_argument("--families", action="store_true",
+                        help="list the kernel families (compiled, this CPU, available) and exit without scoring")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--version", action="version", version=f"numkong {nk.__version__}")
+    return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
+    arguments = parse_arguments()
+    if arguments.families:
+        sys.exit(print_families(arguments.json))
     with single_threaded_blas():
-        status = main()
+        status = main(arguments.json)
     sys.exit(status)

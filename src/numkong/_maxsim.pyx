@@ -312,6 +312,8 @@ def _dtype_name(dtype):
 
 def _as_matrix(obj, role):
     """A 2-D NumPy view of a user's matrix, rows contiguous along depth."""
+    if not isinstance(obj, np.ndarray) and hasattr(obj, "__dlpack__"):
+        obj = _from_dlpack(obj, role)  # torch, JAX, ...: zero-copy, bfloat16 and float8 too
     if isinstance(obj, MaxSimPackedMatrix):
         raise TypeError(f"{role} is already packed; use maxsim_packed() for packed operands")
     if not isinstance(obj, np.ndarray):
@@ -638,3 +640,4 @@ def maxsim(queries, documents, /, dtype=None, *, capabilities=None, stream=None)
 
 
 include "_corpus.pxi"
+include "_dlpack.pxi"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cross-compile the kernels and tests/c/check_kernels.c for aarch64 and run the driver under
 # qemu-user on several CPU models; every run compares neon and sve against serial.
-# Usage: tests/c/run_arm.sh [build-dir]. Installs the cross compiler and qemu when missing (root).
+# Usage: tests/c/run_arm.sh [build-dir]. Needs aarch64-linux-gnu-gcc and qemu-aarch64 (Debian:
+# gcc-aarch64-linux-gnu qemu-user; bash tools/install_slow_tier.sh installs them).
 #
 # Runs ("-cpu model|driver arguments"), two at a time:
 #   max,sve128=on                           SVE at 128 bits, the full driver (covers neon too)
@@ -22,8 +23,9 @@ mkdir -p "$out"
 cc="${CC_AARCH64:-aarch64-linux-gnu-gcc}"
 
 if ! command -v "$cc" >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
-    apt-get update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y gcc-aarch64-linux-gnu qemu-user
+    echo "run_arm.sh needs $cc and qemu-aarch64: run 'bash tools/install_slow_tier.sh' as root, or" \
+         "apt-get install gcc-aarch64-linux-gnu qemu-user" >&2
+    exit 2
 fi
 
 common=(-O2 -std=c11 -Wall -Wextra -I"$root/src/kernels" -I"$root/src/kernels/include")
