@@ -1,6 +1,5 @@
-"""Issue items for the Cython core that are not implemented yet (phase 2), written down as strict xfail
-tests: each fails today and must pass once its item lands (then drop its xfail mark). The keyword
-names they use (lengths=) are proposals that the implementation may change along with these tests."""
+"""The issue's items for the Cython core: dtype spellings, readable masks, clearer errors, corpus
+access and padded batches."""
 import io
 
 import numpy as np
@@ -9,27 +8,25 @@ import pytest
 import numkong as nk
 from conftest import random_matrix
 
-phase2 = pytest.mark.xfail(strict=True, reason="phase 2")
-
-
 # ---- dtype aliases and suggestions ----
 
-@phase2
-@pytest.mark.parametrize("alias, name", [("fp16", "float16"), ("half", "float16"), ("float", "float32"),
-                                         ("double", "float64"), ("float8_e4m3fn", "e4m3"), ("fp8_e5m2", "e5m2"),
+@pytest.mark.parametrize("alias, name", [("fp16", "float16"), ("half", "float16"), ("double", "float64"), ("float8_e4m3fn", "e4m3"), ("fp8_e5m2", "e5m2"),
                                          ("float6_e2m3fn", "e2m3"), ("fp32", "float32")])
 def test_every_spelling_of_a_format_is_a_dtype_alias(alias, name):
     assert nk.maxsim_pack(random_matrix(3, 8, 0), dtype=alias).dtype == name
 
 
-@phase2
 def test_torch_dtypes_are_dtype_aliases():
     torch = pytest.importorskip("torch")
     for dtype, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"), (torch.float8_e4m3fn, "e4m3")):
         assert nk.maxsim_pack(random_matrix(3, 8, 0), dtype=dtype).dtype == name
 
 
-@phase2
+def test_float_alone_is_ambiguous():
+    with pytest.raises(ValueError, match="ambiguous"):
+        nk.maxsim_pack(random_matrix(3, 8, 0), dtype="float")
+
+
 def test_unknown_dtype_suggests_the_closest_name():
     with pytest.raises(ValueError, match="bfloat16"):
         nk.maxsim_pack(random_matrix(3, 8, 0), dtype="bfloat61")
@@ -39,7 +36,6 @@ def test_unknown_dtype_suggests_the_closest_name():
 
 # ---- readable capability masks ----
 
-@phase2
 def test_capability_str_names_the_families():
     mask = nk.get_capabilities()
     text = str(mask)
@@ -50,14 +46,12 @@ def test_capability_str_names_the_families():
 
 # ---- clearer errors ----
 
-@phase2
 def test_maxsim_packed_of_arrays_says_to_pack_first():
     x = np.ones((2, 4), dtype=np.float32)
     with pytest.raises(TypeError, match=r"maxsim_pack\(\)|maxsim\("):
         nk.maxsim_packed(x, x)
 
 
-@phase2
 def test_three_dimensional_input_gets_no_single_vector_advice():
     with pytest.raises(ValueError) as error:
         nk.maxsim(np.ones((2, 3, 4)), np.ones((3, 4)))
@@ -71,7 +65,6 @@ def corpus_and_documents():
     return nk.maxsim_pack_corpus(documents), documents
 
 
-@phase2
 def test_corpus_item_is_the_packed_document_sharing_the_buffer():
     corpus, documents = corpus_and_documents()
     base = np.frombuffer(memoryview(corpus), dtype=np.uint8).__array_interface__["data"][0]
@@ -86,13 +79,11 @@ def test_corpus_item_is_the_packed_document_sharing_the_buffer():
         corpus[3]
 
 
-@phase2
 def test_corpus_iterates_over_its_documents():
     corpus, documents = corpus_and_documents()
     assert [item.shape for item in corpus] == [d.shape for d in documents]
 
 
-@phase2
 def test_corpus_document_returns_the_stored_values():
     corpus, documents = corpus_and_documents()
     for index, document in enumerate(documents):
@@ -100,7 +91,6 @@ def test_corpus_document_returns_the_stored_values():
         assert stored.dtype == np.float32 and np.array_equal(stored, document)
 
 
-@phase2
 def test_corpus_save_and_load_binary_files():
     corpus, _ = corpus_and_documents()
     buffer = io.BytesIO()
@@ -112,7 +102,6 @@ def test_corpus_save_and_load_binary_files():
 
 # ---- padded 3-D batches ----
 
-@phase2
 def test_padded_batch_with_lengths_drops_the_padding():
     documents = [np.asarray(random_matrix(n, 16, 50 + n), dtype=np.float32) for n in (3, 7)]
     batch = np.zeros((2, 7, 16), dtype=np.float32)
@@ -122,7 +111,6 @@ def test_padded_batch_with_lengths_drops_the_padding():
     assert bytes(memoryview(corpus)) == bytes(memoryview(nk.maxsim_pack_corpus(documents)))
 
 
-@phase2
 def test_padded_batch_is_treated_alike_for_numpy_and_torch():
     torch = pytest.importorskip("torch")
     batch = np.zeros((2, 5, 8), dtype=np.float32)

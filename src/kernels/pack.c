@@ -82,6 +82,12 @@ void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *vie
     view->cold = 0;
 }
 
+void const *nk_maxsim_values(nk_maxsim_matrix_t const *matrix) {
+    nk_maxsim_header_t h;
+    nk_maxsim_layout(matrix->info.vectors, matrix->info.depth, (int)matrix->info.dtype, &h);
+    return (char const *)matrix->data + h.values_offset;
+}
+
 uint32_t nk_maxsim_format_version(void const *buf, uint64_t nbytes) {
     uint32_t version;
     if (!buf || nbytes < 12 || memcmp(buf, NK_MAXSIM_MAGIC, 8) != 0) return 0;

@@ -100,6 +100,44 @@ cdef class MaxSimPackedCorpus:
     def __len__(self):
         return self.corpus.info.documents
 
+    def __getitem__(self, index):
+        """Document `index` as a MaxSimPackedMatrix that shares this corpus's buffer (and keeps it alive):
+        the same bytes as packing that document alone."""
+        cdef uint64_t i = self._index(index)
+        cdef MaxSimPackedMatrix document = MaxSimPackedMatrix.__new__(MaxSimPackedMatrix)
+        document.matrix = nk_corpus_document(&self.corpus, i, NULL)
+        document._base = self
+        return document
+
+    def __iter__(self):
+        for index in range(self.corpus.info.documents):
+            yield self[index]
+
+    def document(self, index):
+        """The stored values of document `index`: a read-only array [rows, depth] of the stored dtype
+        (float32, ml_dtypes.bfloat16, ...) that shares this corpus's buffer."""
+        cdef uint64_t i = self._index(index)
+        cdef nk_maxsim_matrix_t document = nk_corpus_document(&self.corpus, i, NULL)
+        cdef uintptr_t start = <uintptr_t>nk_maxsim_values(&document) - <uintptr_t>self.corpus.data
+        dtype = _NUMPY_DTYPES[_DTYPE_NAMES[self.corpus.info.dtype]]
+        shape = (document.info.vectors, document.info.depth)
+        return np.frombuffer(memoryview(self), dtype=dtype, count=shape[0] * shape[1], offset=start).reshape(shape)
+
+    cdef uint64_t _index(self, object index) except? 0:
+        _require_packed(self.corpus.data, self)
+        if isinstance(index, bool):
+            raise TypeError("corpus indices are integers, not bool")
+        try:
+            index = operator.index(index)
+        except TypeError:
+            raise TypeError(f"corpus indices are integers, not {type(index).__name__}") from None
+        documents = self.corpus.info.documents
+        if index < 0:
+            index += documents
+        if not 0 <= index < documents:
+            raise IndexError(f"document index out of range for a corpus of {documents} documents")
+        return index
+
     def __repr__(self):
         if self.corpus.data == NULL:
             return "MaxSimPackedCorpus(<empty: not built by maxsim_pack_corpus>)"
@@ -322,18 +360,58 @@ def _load_corpus(data):
     return _open_corpus(data)
 
 
-def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, capabilities=None, stream=None):
+def _batch_documents(batch, lengths, mask):
+    """The documents of a padded batch [documents, tokens, depth]: the first lengths[i] rows of each, or
+    the rows where mask[i] is true (views when the true rows are a prefix)."""
+    if (lengths is None) == (mask is None):
+        raise ValueError(f"a padded batch of shape {batch.shape} needs lengths= (tokens per document) or mask= "
+                         f"(true for real tokens, PyLate's documents_mask), exactly one, so that padding rows "
+                         f"never count")
+    if mask is not None:
+        keep = np.asarray(_as_array(mask, "mask")).astype(bool, copy=False)
+        if keep.shape != batch.shape[:2]:
+            raise ValueError(f"mask has shape {keep.shape} but the batch has {batch.shape[:2]} documents x tokens")
+        counts = keep.sum(axis=1)
+        prefix = np.arange(batch.shape[1])[None, :] < counts[:, None]
+        if np.array_equal(keep, prefix):
+            return [batch[i, :counts[i]] for i in range(batch.shape[0])]
+        return [batch[i][keep[i]] for i in range(batch.shape[0])]
+    counts = np.asarray(lengths)
+    if counts.shape != (batch.shape[0],) or counts.dtype.kind not in "iu":
+        raise TypeError(f"lengths must be {batch.shape[0]} integers, one per document of the batch")
+    if counts.size and (counts.min() < 0 or counts.max() > batch.shape[1]):
+        raise ValueError(f"lengths must be between 0 and the batch's {batch.shape[1]} tokens")
+    return [batch[i, :counts[i]] for i in range(batch.shape[0])]
+
+
+def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, lengths=None, mask=None, capabilities=None,
+                       stream=None):
     """Pack many documents of different lengths into one MaxSimPackedCorpus.
 
-    documents: a sequence of 2-D matrices [rows_i, depth], or (with offsets=) one flat token matrix
+    documents: a sequence of 2-D matrices [rows_i, depth]; or (with offsets=) one flat token matrix
        [total_rows, depth] where document i is rows offsets[i] .. offsets[i+1] (offsets[0] == 0,
-       offsets[-1] == total_rows, non-decreasing).
+       offsets[-1] == total_rows, non-decreasing); or a padded batch [documents, tokens, depth] (NumPy,
+       torch, any DLPack or buffer object) with lengths= (tokens per document) or mask= (documents x
+       tokens, true for real tokens, as PyLate's documents_mask), so that padding rows never count.
     dtype: packing dtype as in maxsim_pack(); None keeps the inputs' format (the narrowest holding all).
     capabilities: a Capability mask to restrict scoring to (as in maxsim_pack); None for no restriction.
     Every document needs at least one row and the same depth.
     """
     _check_stream(stream)
-    cdef uint64_t mask = _resolve_capabilities(capabilities, NK_CAPABILITIES_ANY)
+    cdef uint64_t restriction = _resolve_capabilities(capabilities, NK_CAPABILITIES_ANY)
+    if _is_array_like(documents) or (lengths is not None or mask is not None):
+        batch = _as_array(documents, "documents")
+        if batch.ndim == 3:
+            if offsets is not None:
+                raise TypeError("offsets= is for a flat token matrix; a padded batch takes lengths= or mask=")
+            documents = _batch_documents(batch, lengths, mask)
+        elif lengths is not None or mask is not None:
+            raise TypeError(f"lengths= and mask= are for a padded 3-D batch, not a {batch.ndim}-D array")
+        elif offsets is None:
+            raise TypeError("documents must be a sequence of 2-D matrices, one token matrix with offsets=, or a "
+                            "padded 3-D batch with lengths= or mask=")
+        else:
+            documents = batch
     if offsets is not None:
         tokens = _as_matrix(documents, "documents")
         bounds = np.asarray(offsets)
@@ -344,8 +422,9 @@ def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, capabilities=N
                              f"{tokens.shape[0]}")
         matrices = [tokens[bounds[i]:bounds[i + 1]] for i in range(bounds.size - 1)]
     else:
-        if isinstance(documents, np.ndarray) or not hasattr(documents, "__len__"):
-            raise TypeError("documents must be a sequence of 2-D matrices, or one token matrix with offsets=")
+        if not hasattr(documents, "__len__"):
+            raise TypeError("documents must be a sequence of 2-D matrices, one token matrix with offsets=, or a "
+                            "padded 3-D batch with lengths= or mask=")
         matrices = [_as_matrix(document, f"document {i}") for i, document in enumerate(documents)]
     if not matrices:
         raise ValueError("the corpus has no documents; pass at least one")
@@ -363,24 +442,24 @@ def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, capabilities=N
         name = _dtype_name(dtype)
     cdef int code = _DTYPE_CODES[name]
     counts = np.array([matrix.shape[0] for matrix in matrices], dtype=np.uint64)
-    cdef uint64_t[::1] lengths = counts
+    cdef uint64_t[::1] rows = counts
     cdef uint64_t nbytes = _corpus_size(counts, depth, code)
     cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
     corpus._owned = _packed_alloc(nbytes, "corpus")
-    corpus._table = <nk_corpus_entry_t *>malloc(lengths.shape[0] * sizeof(nk_corpus_entry_t))
+    corpus._table = <nk_corpus_entry_t *>malloc(rows.shape[0] * sizeof(nk_corpus_entry_t))
     if corpus._table == NULL:
-        raise MemoryError(f"cannot allocate the table of {lengths.shape[0]} documents")
-    _raise_for(nk_corpus_init(&lengths[0], lengths.shape[0], depth, code, mask, corpus._owned, nbytes,
+        raise MemoryError(f"cannot allocate the table of {rows.shape[0]} documents")
+    _raise_for(nk_corpus_init(&rows[0], rows.shape[0], depth, code, restriction, corpus._owned, nbytes,
                               &corpus.corpus),
                {"what": "packing the corpus", "empty": "every document needs at least one token vector"})
-    memcpy(corpus._table, corpus.corpus.table, lengths.shape[0] * sizeof(nk_corpus_entry_t))
+    memcpy(corpus._table, corpus.corpus.table, rows.shape[0] * sizeof(nk_corpus_entry_t))
     corpus.corpus.table = corpus._table
     cdef uint64_t index, capacity
     cdef nk_maxsim_matrix_t target
-    for index in range(lengths.shape[0]):
+    for index in range(rows.shape[0]):
         target = nk_corpus_document(&corpus.corpus, index, &capacity)
         try:
-            _pack_into(matrices[index], name, mask, <void *>target.data, capacity, &target.info)
+            _pack_into(matrices[index], name, restriction, <void *>target.data, capacity, &target.info)
         except ValueError as error:
             raise ValueError(f"document {index}: {error}") from None
     return corpus

@@ -60,6 +60,7 @@ cdef extern from "numkong/maxsim.h" nogil:
     nk_status_t nk_maxsim_load(void *buf, uint64_t nbytes, nk_maxsim_info_t *info)
     nk_status_t nk_maxsim_verify(const void *buf, uint64_t nbytes, nk_maxsim_info_t *info)
     nk_status_t nk_maxsim_info(const void *buf, nk_maxsim_info_t *info)
+    const void *nk_maxsim_values(const nk_maxsim_matrix_t *matrix)
     uint32_t nk_maxsim_format_version(const void *buf, uint64_t nbytes)
     uint32_t nk_corpus_format_version(const void *buf, uint64_t nbytes)
     nk_status_t nk_maxsim_score_matrices(const nk_maxsim_matrix_t *queries, const nk_maxsim_matrix_t *documents,
@@ -125,6 +126,7 @@ cdef class MaxSimPackedCorpus:
     cdef Py_buffer _view
     cdef Py_ssize_t _buffer_shape[1]
     cdef Py_ssize_t _buffer_strides[1]
+    cdef uint64_t _index(self, object index) except? 0
 
 
 # Score two packed matrices without the GIL. Returns an nk_status_t; the score goes to *result.

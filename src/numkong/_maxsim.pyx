@@ -1,4 +1,5 @@
 """Cython core of numkong: the packed matrix type, packing, scoring, capabilities."""
+import difflib
 import enum
 import functools
 import operator
@@ -243,9 +244,17 @@ _DTYPE_CODES = {  # the nk_dtype_t codes of the C header
     "e3m2": nk_dtype_e3m2_k,
 }
 _DTYPE_NAMES = {code: name for name, code in _DTYPE_CODES.items()}
+# Every NumPy, ml_dtypes and torch spelling of a packing format (torch dtypes by their str() without
+# "torch."). "float" is refused: NumPy reads it as float64, torch as float32.
 _DTYPE_ALIASES = {
-    "f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
-    "float8_e4m3": "e4m3", "float8_e5m2": "e5m2", "float6_e2m3": "e2m3", "float6_e3m2": "e3m2",
+    "f64": "float64", "fp64": "float64", "double": "float64",
+    "f32": "float32", "fp32": "float32", "single": "float32",
+    "f16": "float16", "fp16": "float16", "half": "float16",
+    "bf16": "bfloat16",
+    "float8_e4m3": "e4m3", "float8_e4m3fn": "e4m3", "fp8_e4m3": "e4m3", "f8e4m3": "e4m3", "f8e4m3fn": "e4m3",
+    "float8_e5m2": "e5m2", "fp8_e5m2": "e5m2", "f8e5m2": "e5m2",
+    "float6_e2m3": "e2m3", "float6_e2m3fn": "e2m3", "fp6_e2m3": "e2m3", "f6e2m3": "e2m3", "f6e2m3fn": "e2m3",
+    "float6_e3m2": "e3m2", "float6_e3m2fn": "e3m2", "fp6_e3m2": "e3m2", "f6e3m2": "e3m2", "f6e3m2fn": "e3m2",
 }
 # NumPy dtype of each packing dtype's storage.
 _NUMPY_DTYPES = {
@@ -292,14 +301,23 @@ def _narrowest_holding(*dts):
 
 
 def _dtype_name(dtype):
-    """Canonical packing dtype name for a user's `dtype=` argument."""
+    """Canonical packing dtype name for a user's `dtype=` argument (a name, a NumPy / ml_dtypes scalar
+    type or dtype, or a torch dtype)."""
+    if type(dtype).__module__ == "torch":  # torch.bfloat16 etc., without importing torch
+        dtype = str(dtype).rpartition(".")[2]
     if isinstance(dtype, str):
-        key = dtype.lower()
+        key = dtype.strip().lower()
         key = _DTYPE_ALIASES.get(key, key)
         if key in _DTYPE_CODES:
             return key
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPE_CODES)} "
-                         f"(aliases {', '.join(_DTYPE_ALIASES)})")
+        if key == "float":
+            raise ValueError("dtype 'float' is ambiguous (NumPy reads it as float64, torch as float32); "
+                             "say 'float32' or 'float64'")
+        spellings = list(_DTYPE_CODES) + list(_DTYPE_ALIASES)
+        close = difflib.get_close_matches(key, spellings, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown dtype {dtype!r}{hint} numkong packs {', '.join(_DTYPE_CODES)} "
+                         f"(also spelled {', '.join(_DTYPE_ALIASES)})")
     try:
         dt = np.dtype(dtype)
     except TypeError:
@@ -310,25 +328,45 @@ def _dtype_name(dtype):
     raise ValueError(f"unknown dtype {dtype!r}: numkong packs {', '.join(_DTYPE_CODES)}")
 
 
+cdef bint _is_array_like(object obj):
+    return isinstance(obj, np.ndarray) or hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__") or \
+        hasattr(obj, "__array__")
+
+
+def _as_array(obj, role):
+    """A NumPy view of a user's array of any rank: NumPy arrays as they are, DLPack exporters (torch,
+    JAX ...) zero-copy, anything else with the buffer protocol or __array__ through np.asarray."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    if isinstance(obj, (MaxSimPackedMatrix, MaxSimPackedCorpus)):
+        raise TypeError(f"{role} is already packed; use maxsim_packed() or maxsim_packed_corpus() for packed operands")
+    if hasattr(obj, "__dlpack__"):
+        return _from_dlpack(obj, role)  # torch, JAX, ...: zero-copy, bfloat16 and float8 too
+    if not (hasattr(obj, "__array_interface__") or hasattr(obj, "__array__") or _has_buffer(obj)):
+        raise TypeError(f"{role} must support the buffer protocol, __dlpack__ or __array__ (a NumPy array or a "
+                        f"torch tensor, for example), not {type(obj).__name__}")
+    return np.asarray(obj)
+
+
 def _as_matrix(obj, role):
     """A 2-D NumPy view of a user's matrix, rows contiguous along depth."""
-    if not isinstance(obj, np.ndarray) and hasattr(obj, "__dlpack__"):
-        obj = _from_dlpack(obj, role)  # torch, JAX, ...: zero-copy, bfloat16 and float8 too
-    if isinstance(obj, MaxSimPackedMatrix):
-        raise TypeError(f"{role} is already packed; use maxsim_packed() for packed operands")
-    if not isinstance(obj, np.ndarray):
-        if not (hasattr(obj, "__array_interface__") or hasattr(obj, "__array__") or _has_buffer(obj)):
-            raise TypeError(f"{role} must support the buffer protocol or __array__ (a NumPy array, for example), "
-                            f"not {type(obj).__name__}")
-        obj = np.asarray(obj)
+    obj = _as_array(obj, role)
+    if obj.ndim == 1:
+        raise ValueError(f"{role} must be a 2-D matrix of shape [vectors, depth], got 1-D with shape {obj.shape}; "
+                         f"reshape a single vector with x[None, :]")
+    if obj.ndim == 3:
+        raise ValueError(f"{role} must be a 2-D matrix of shape [vectors, depth], got a 3-D batch of shape "
+                         f"{obj.shape}; score one matrix at a time, or pack a padded batch of documents with "
+                         f"maxsim_pack_corpus(batch, lengths=...) or mask=...")
     if obj.ndim != 2:
         raise ValueError(f"{role} must be a 2-D matrix of shape [vectors, depth], got {obj.ndim}-D with shape "
-                         f"{obj.shape}; reshape a single vector with x[None, :]")
+                         f"{obj.shape}")
     if obj.shape[1] == 0:
         raise ValueError(f"{role} has depth 0; each vector needs at least one dimension")
     if obj.shape[0] and obj.shape[1] > 1 and obj.strides[1] != obj.itemsize:
         raise ValueError(f"{role} rows are not contiguous along depth (strides {obj.strides}); packing fuses no "
-                         f"transposition, so pass np.ascontiguousarray({role}) of shape [vectors, depth]")
+                         f"transposition, so pass a contiguous copy of shape [vectors, depth] "
+                         f"(np.ascontiguousarray(x), or x.contiguous() for a torch tensor)")
     return obj
 
 

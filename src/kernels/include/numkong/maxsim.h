@@ -118,6 +118,10 @@ nk_status_t nk_maxsim_load(void *buf, uint64_t nbytes, nk_maxsim_info_t *info);
  * nk_error_version_k) otherwise. */
 nk_status_t nk_maxsim_verify(void const *buf, uint64_t nbytes, nk_maxsim_info_t *info);
 
+/* The stored values of a validated matrix: info.vectors rows of info.depth elements of its dtype,
+ * row-major, no padding. */
+void const *nk_maxsim_values(nk_maxsim_matrix_t const *matrix);
+
 /* Read the header of a buffer produced by nk_maxsim_pack() or nk_maxsim_load(). */
 nk_status_t nk_maxsim_info(void const *buf, nk_maxsim_info_t *info);
 
