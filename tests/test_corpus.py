@@ -128,38 +128,90 @@ def test_save_and_memory_map(tmp_path, corpus_case):
     assert nk.maxsim_packed_corpus(query, in_memory).tolist() == expected
 
 
-@pytest.mark.parametrize("damage", ["magic", "documents", "table_offset", "length", "value_nan", "screen",
-                                    "truncate", "extend", "empty"])
-def test_corrupt_files_are_clear_errors(tmp_path, corpus_case, damage):
-    _, _, corpus = corpus_case
+# nk_corpus_header_t (format version 3): magic[8], version u32, dtype u32, then u64 depth, documents,
+# total_vectors, capabilities, nbytes, table_offset, checksum; documents from byte 128, the table after.
+OFFSET_DOCUMENTS, OFFSET_TABLE, OFFSET_CHECKSUM = 24, 56, 64
+
+
+def _u64(data, at):
+    return int.from_bytes(data[at:at + 8], "little")
+
+
+def _damaged(corpus, damage):
     data = bytearray(memoryview(corpus))
-    first_document = int.from_bytes(data[128:136], "little")
+    table = _u64(data, OFFSET_TABLE)
+    first_document = _u64(data, table)
     if damage == "magic":
         data[0] ^= 0xFF
     elif damage == "documents":
-        data[24:32] = (10 ** 12).to_bytes(8, "little")
+        data[OFFSET_DOCUMENTS:OFFSET_DOCUMENTS + 8] = (10 ** 12).to_bytes(8, "little")
     elif damage == "table_offset":
-        data[136 + 8:136 + 16] = (5).to_bytes(8, "little")  # document 1's offset
+        data[table + 16:table + 24] = (5).to_bytes(8, "little")  # document 1's offset
     elif damage == "length":
-        data[136:144] = (10 ** 15).to_bytes(8, "little")  # document 0's row count
+        data[table + 8:table + 16] = (10 ** 15).to_bytes(8, "little")  # document 0's row count
     elif damage == "value_nan":
         data[first_document + 128:first_document + 132] = np.array([np.nan], np.float32).tobytes()
     elif damage == "screen":
-        errors_offset = int.from_bytes(data[first_document + 80:first_document + 88], "little")
+        errors_offset = _u64(data, first_document + 80)
         data[first_document + errors_offset + 2] ^= 0x40  # document 0's first screening error bound
+    elif damage == "checksum":
+        data[OFFSET_CHECKSUM] ^= 0x01
     elif damage == "truncate":
         data = data[:-64]
     elif damage == "extend":
         data += bytes(64)
     elif damage == "empty":
         data = bytearray()
+    return data
+
+
+@pytest.mark.parametrize("damage", ["magic", "documents", "table_offset", "length", "value_nan", "screen",
+                                    "checksum", "truncate", "extend", "empty"])
+def test_corrupt_files_are_clear_errors(tmp_path, corpus_case, damage):
+    _, _, corpus = corpus_case
+    data = _damaged(corpus, damage)
     path = tmp_path / "bad.nkc"
     path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="corrupt packed corpus"):
-        nk.MaxSimPackedCorpus.load(path)
+    for verify in (True, "all"):
+        with pytest.raises(ValueError, match="corrupt packed corpus"):
+            nk.MaxSimPackedCorpus.load(path, verify=verify)
     stream = pickle.dumps(corpus, protocol=5, buffer_callback=lambda buffer: None)
     with pytest.raises(ValueError, match="corrupt packed corpus"):
         pickle.loads(stream, buffers=[bytes(data)])
+
+
+@pytest.mark.parametrize("damage", ["value_nan", "screen"])
+def test_full_verification_refuses_damage_behind_a_valid_checksum(tmp_path, corpus_case, damage):
+    """A checksum recomputed over damaged bytes (not corruption: forgery) passes verify=True, but
+    verify="all" re-derives every section from the stored values and refuses it."""
+    _, _, corpus = corpus_case
+    data = _damaged(corpus, damage)
+    data[OFFSET_CHECKSUM:OFFSET_CHECKSUM + 8] = nk._maxsim._checksum(bytes(data[128:])).to_bytes(8, "little")
+    path = tmp_path / "forged.nkc"
+    path.write_bytes(bytes(data))
+    nk.MaxSimPackedCorpus.load(path)  # the checksum matches
+    with pytest.raises(ValueError, match="corrupt packed corpus"):
+        nk.MaxSimPackedCorpus.load(path, verify="all")
+
+
+@pytest.mark.parametrize("damage", ["magic", "documents", "table_offset", "length", "truncate", "extend"])
+def test_unverified_load_still_checks_the_layout(tmp_path, corpus_case, damage):
+    _, _, corpus = corpus_case
+    path = tmp_path / "bad.nkc"
+    path.write_bytes(bytes(_damaged(corpus, damage)))
+    with pytest.raises(ValueError, match="corrupt packed corpus"):
+        nk.MaxSimPackedCorpus.load(path, verify=False)
+
+
+def test_verify_levels(tmp_path, corpus_case):
+    _, query, corpus = corpus_case
+    path = tmp_path / "corpus.nkc"
+    corpus.save(path)
+    expected = nk.maxsim_packed_corpus(query, corpus).tolist()
+    for verify in (True, False, "all"):
+        assert nk.maxsim_packed_corpus(query, nk.MaxSimPackedCorpus.load(path, verify=verify)).tolist() == expected
+    with pytest.raises(ValueError, match="verify must be"):
+        nk.MaxSimPackedCorpus.load(path, verify="checksum")
 
 
 def test_bad_input():

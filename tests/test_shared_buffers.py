@@ -77,7 +77,8 @@ def test_writable_out_of_band_buffer_changed_after_unpickling(tmp_path, damage):
     aligned[:] = raw
     loaded = pickle.loads(stream, buffers=[aligned])
     if {damage!r} == "table-offset":
-        aligned[128 + 16 * 3:128 + 16 * 3 + 8] = np.frombuffer((1 << 40).to_bytes(8, "little"), np.uint8)
+        table = int.from_bytes(bytes(aligned[56:64]), "little")  # the header's table_offset
+        aligned[table + 16 * 3:table + 16 * 3 + 8] = np.frombuffer((1 << 40).to_bytes(8, "little"), np.uint8)
     elif {damage!r} == "document-count":
         aligned[24:32] = np.frombuffer((10 ** 6).to_bytes(8, "little"), np.uint8)
     else:
@@ -100,7 +101,8 @@ def test_shared_memory_buffer_changed_after_unpickling(tmp_path):
     try:
         block.buf[:raw.nbytes] = raw
         loaded = pickle.loads(stream, buffers=[block.buf[:raw.nbytes]])
-        block.buf[128 + 8:128 + 16] = (1 << 50).to_bytes(8, "little")  # document 0's offset
+        table = int.from_bytes(bytes(block.buf[56:64]), "little")  # the header's table_offset
+        block.buf[table:table + 8] = (1 << 50).to_bytes(8, "little")  # document 0's offset
         block.buf[24:32] = (10 ** 9).to_bytes(8, "little")  # document count
         scores = nk.maxsim_packed_corpus(query, loaded).tolist()
         del loaded
@@ -134,7 +136,9 @@ def test_mapped_file_edited_in_place_after_loading(tmp_path, edit):
     loaded = nk.MaxSimPackedCorpus.load(path)
     with open(path, "r+b") as file:
         if {edit!r} == "table-offset":
-            file.seek(128 + 16 * 5)
+            file.seek(56)
+            table = int.from_bytes(file.read(8), "little")  # the header's table_offset
+            file.seek(table + 16 * 5)
             file.write((1 << 45).to_bytes(8, "little"))
         elif {edit!r} == "document-count":
             file.seek(24)
@@ -245,22 +249,25 @@ def test_scoring_a_mapped_corpus_while_another_process_saves_over_it_20_times(tm
 
 # ---- hand-built corpora with no documents or an empty document ----
 
-def _corpus_bytes(matrices, depth, version=2):
-    """Corpus bytes assembled by hand from packed matrices (nk_corpus_header_t + table + documents)."""
-    table, body, cursor = [], b"", CORPUS_HEADER + 16 * len(matrices)
+def _corpus_bytes(matrices, depth, version=3):
+    """Corpus bytes assembled by hand from packed matrices: nk_corpus_header_t, the documents from byte
+    128 on (64-byte aligned), the table after them, the checksum of everything after the header."""
+    table, body, cursor = [], b"", CORPUS_HEADER
     for matrix in matrices:
         raw = bytes(memoryview(matrix))
         offset = (cursor + 63) // 64 * 64
         body += bytes(offset - cursor) + raw
         table.append((offset, matrix.vectors))
         cursor = offset + len(raw)
-    nbytes = (cursor + 63) // 64 * 64
-    body += bytes(nbytes - cursor)
+    table_offset = (cursor + 63) // 64 * 64
+    body += bytes(table_offset - cursor) + b"".join(struct.pack("<QQ", *entry) for entry in table)
+    nbytes = (CORPUS_HEADER + len(body) + 63) // 64 * 64
+    body += bytes(nbytes - CORPUS_HEADER - len(body))
     dtype_code = 2  # float32
-    header = b"NKCORPUS" + struct.pack("<II6Q", version, dtype_code, depth, len(matrices),
-                                       sum(m.vectors for m in matrices), 2 ** 64 - 1, nbytes, CORPUS_HEADER)
-    header += bytes(CORPUS_HEADER - len(header))
-    return header + b"".join(struct.pack("<QQ", *entry) for entry in table) + body
+    header = b"NKCORPUS" + struct.pack("<II7Q", version, dtype_code, depth, len(matrices),
+                                       sum(m.vectors for m in matrices), 2 ** 64 - 1, nbytes, table_offset,
+                                       nk._maxsim._checksum(body))
+    return header + bytes(CORPUS_HEADER - len(header)) + body
 
 
 def test_hand_built_corpus_matches_the_packer(case):
@@ -292,8 +299,8 @@ def test_empty_queries_score_zero(case):
 def test_previous_corpus_version_asks_to_pack_again(tmp_path, case):
     documents, _, corpus, _ = case
     data = bytearray(memoryview(corpus))
-    data[OFFSET_VERSION:OFFSET_VERSION + 4] = (1).to_bytes(4, "little")
-    with pytest.raises(ValueError, match="format version 1, this numkong reads version 2; pack the source arrays"):
+    data[OFFSET_VERSION:OFFSET_VERSION + 4] = (2).to_bytes(4, "little")
+    with pytest.raises(ValueError, match="format version 2, this numkong reads version 3; pack the source arrays"):
         nk._maxsim._load_corpus(bytes(data))
 
 

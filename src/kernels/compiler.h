@@ -31,9 +31,9 @@ static __forceinline uint64_t nk_atomic_fetch_or_u64(uint64_t *at, uint64_t valu
 }
 static __forceinline uint64_t nk_atomic_load_u64(uint64_t *at) { return *(uint64_t volatile *)at; }
 static __forceinline void nk_atomic_store_u64(uint64_t *at, uint64_t value) { *(uint64_t volatile *)at = value; }
-/* Set *at to `value` if it is still 0. */
-static __forceinline void nk_atomic_set_if_zero_i32(int *at, int value) {
-    _InterlockedCompareExchange((long volatile *)at, (long)value, 0);
+/* Set *at to `value` if it is still 0; whether this call set it. */
+static __forceinline int nk_atomic_set_if_zero_i32(int *at, int value) {
+    return _InterlockedCompareExchange((long volatile *)at, (long)value, 0) == 0;
 }
 /* Prefetch for reading into all cache levels (l1) or into L2 and beyond (l2). */
 #if defined(_M_X64) || defined(_M_IX86)
@@ -60,10 +60,10 @@ static inline uint64_t nk_atomic_fetch_or_u64(uint64_t *at, uint64_t value) {
 }
 static inline uint64_t nk_atomic_load_u64(uint64_t *at) { return __atomic_load_n(at, __ATOMIC_RELAXED); }
 static inline void nk_atomic_store_u64(uint64_t *at, uint64_t value) { __atomic_store_n(at, value, __ATOMIC_RELAXED); }
-/* Set *at to `value` if it is still 0. */
-static inline void nk_atomic_set_if_zero_i32(int *at, int value) {
+/* Set *at to `value` if it is still 0; whether this call set it. */
+static inline int nk_atomic_set_if_zero_i32(int *at, int value) {
     int expected = 0;
-    __atomic_compare_exchange_n(at, &expected, value, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return __atomic_compare_exchange_n(at, &expected, value, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 /* Prefetch for reading into all cache levels (l1) or into L2 and beyond (l2). */
 #define nk_prefetch_l1(address) __builtin_prefetch((address), 0, 3)

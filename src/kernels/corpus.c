@@ -7,51 +7,116 @@
 
 #include "maxsim_internal.h"
 
+
+/* ---- Checksum: four 64-bit lanes, each taking every fourth 8-byte word (multiply, rotate,
+ * multiply), folded with the length at the end; several words per cycle. ---- */
+#define NK_CHECKSUM_PRIME_A 0x9E3779B97F4A7C15ull
+#define NK_CHECKSUM_PRIME_B 0xD6E8FEB86659FD93ull
+
+static inline uint64_t nk_rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+static inline uint64_t nk_checksum_mix(uint64_t lane, uint64_t word) {
+    return nk_rotl64(lane + word * NK_CHECKSUM_PRIME_B, 29) * NK_CHECKSUM_PRIME_A;
+}
+
+void nk_checksum_init(nk_checksum_t *state) {
+    memset(state, 0, sizeof(*state));
+    for (int i = 0; i < 4; ++i) state->lanes[i] = NK_CHECKSUM_PRIME_A * (uint64_t)(2 * i + 1);
+}
+
+static void nk_checksum_blocks(nk_checksum_t *state, uint8_t const *data, uint64_t blocks) {
+    uint64_t l0 = state->lanes[0], l1 = state->lanes[1], l2 = state->lanes[2], l3 = state->lanes[3];
+    for (uint64_t b = 0; b < blocks; ++b, data += 32) {
+        uint64_t w[4];
+        memcpy(w, data, 32);
+        l0 = nk_checksum_mix(l0, w[0]), l1 = nk_checksum_mix(l1, w[1]);
+        l2 = nk_checksum_mix(l2, w[2]), l3 = nk_checksum_mix(l3, w[3]);
+    }
+    state->lanes[0] = l0, state->lanes[1] = l1, state->lanes[2] = l2, state->lanes[3] = l3;
+}
+
+void nk_checksum_update(nk_checksum_t *state, void const *data, uint64_t nbytes) {
+    uint8_t const *bytes = (uint8_t const *)data;
+    state->length += nbytes;
+    if (state->pending_bytes) { /* complete the partial block of an earlier update first */
+        uint64_t take = 32 - state->pending_bytes < nbytes ? 32 - state->pending_bytes : nbytes;
+        memcpy(state->pending + state->pending_bytes, bytes, (size_t)take);
+        state->pending_bytes += (uint32_t)take, bytes += take, nbytes -= take;
+        if (state->pending_bytes < 32) return;
+        nk_checksum_blocks(state, state->pending, 1);
+        state->pending_bytes = 0;
+    }
+    nk_checksum_blocks(state, bytes, nbytes / 32);
+    bytes += nbytes / 32 * 32;
+    state->pending_bytes = (uint32_t)(nbytes % 32);
+    memcpy(state->pending, bytes, state->pending_bytes);
+}
+
+uint64_t nk_checksum_final(nk_checksum_t const *state) {
+    nk_checksum_t copy = *state;
+    if (copy.pending_bytes) { /* the last partial block, zero-padded (the length tells it apart) */
+        memset(copy.pending + copy.pending_bytes, 0, 32 - copy.pending_bytes);
+        nk_checksum_blocks(&copy, copy.pending, 1);
+    }
+    uint64_t h = nk_rotl64(copy.lanes[0], 1) + nk_rotl64(copy.lanes[1], 7) + nk_rotl64(copy.lanes[2], 12) +
+                 nk_rotl64(copy.lanes[3], 18);
+    h ^= copy.length * NK_CHECKSUM_PRIME_B;
+    h ^= h >> 31, h *= NK_CHECKSUM_PRIME_A, h ^= h >> 29, h *= NK_CHECKSUM_PRIME_B, h ^= h >> 32;
+    return h;
+}
+
+static uint64_t nk_checksum_of(void const *data, uint64_t nbytes) {
+    nk_checksum_t state;
+    nk_checksum_init(&state);
+    nk_checksum_update(&state, data, nbytes);
+    return nk_checksum_final(&state);
+}
+
+/* ---- Layout: documents from byte 128 on, the table after them. ---- */
+
 static int nk_align_u64(uint64_t a, uint64_t *out) {
     if (!nk_u64_add(a, NK_SECTION_ALIGN - 1, out)) return 0;
     *out &= ~(uint64_t)(NK_SECTION_ALIGN - 1);
     return 1;
 }
 
-/* Lay out the corpus into *h: the one source of every offset, shared by sizing, packing and
- * verification. lengths[i * stride] is document i's row count. The table is written (mode 1),
- * compared (mode 2: nk_error_corrupt_k on the first difference) or ignored (mode 0). */
-enum { nk_table_ignore_k = 0, nk_table_write_k = 1, nk_table_compare_k = 2 };
-static nk_status_t nk_corpus_layout(uint64_t const *lengths, size_t stride, uint64_t documents, uint64_t depth,
-                                    int dtype, nk_corpus_header_t *h, nk_corpus_entry_t *table, int mode) {
-    if (!nk_dtype_itemsize(dtype) || (documents && !lengths)) return nk_error_argument_k;
-    memset(h, 0, sizeof(*h));
-    memcpy(h->magic, NK_CORPUS_MAGIC, 8);
-    h->version = NK_CORPUS_FORMAT_VERSION;
-    h->dtype = (uint32_t)dtype;
-    h->depth = depth;
-    h->documents = documents;
-    h->table_offset = NK_HEADER_BYTES;
-    uint64_t table_bytes, cursor;
-    if (!nk_u64_mul(documents, (uint64_t)sizeof(nk_corpus_entry_t), &table_bytes) ||
-        !nk_u64_add(NK_HEADER_BYTES, table_bytes, &cursor))
-        return nk_error_overflow_k;
-    for (uint64_t i = 0; i < documents; ++i) {
+/* nk_corpus_plan over lengths[i * stride]; entries may be NULL (sizes only). */
+static nk_status_t nk_corpus_plan_strided(uint64_t const *lengths, size_t stride, uint64_t count, uint64_t depth,
+                                          int dtype, uint64_t *end, nk_corpus_entry_t *entries) {
+    if (!nk_dtype_itemsize(dtype) || (count && !lengths) || !end) return nk_error_argument_k;
+    uint64_t cursor = *end;
+    for (uint64_t i = 0; i < count; ++i) {
         uint64_t offset, bytes, vectors = lengths[i * stride];
+        if (vectors == 0) return nk_error_empty_k;
         nk_status_t status = nk_maxsim_pack_size(vectors, depth, dtype, &bytes);
         if (status != nk_ok_k) return status;
-        if (!nk_align_u64(cursor, &offset) || !nk_u64_add(offset, bytes, &cursor) ||
-            !nk_u64_add(h->total_vectors, vectors, &h->total_vectors))
-            return nk_error_overflow_k;
-        if (mode == nk_table_write_k) table[i] = (nk_corpus_entry_t){offset, vectors};
-        if (mode == nk_table_compare_k && table[i].offset != offset) return nk_error_corrupt_k;
+        if (!nk_align_u64(cursor, &offset) || !nk_u64_add(offset, bytes, &cursor)) return nk_error_overflow_k;
+        if (entries) entries[i] = (nk_corpus_entry_t){offset, vectors};
     }
-    if (!nk_align_u64(cursor, &h->nbytes) || h->nbytes > (uint64_t)INT64_MAX || h->nbytes > (uint64_t)SIZE_MAX)
+    *end = cursor;
+    return nk_ok_k;
+}
+
+nk_status_t nk_corpus_plan(uint64_t const *lengths, uint64_t count, uint64_t depth, int dtype, uint64_t *end,
+                           nk_corpus_entry_t *entries) {
+    return nk_corpus_plan_strided(lengths, 1, count, depth, dtype, end, entries);
+}
+
+nk_status_t nk_corpus_table_place(uint64_t end, uint64_t documents, uint64_t *table_offset, uint64_t *nbytes) {
+    uint64_t table_bytes, table_end;
+    if (end < NK_CORPUS_DOCUMENTS_OFFSET) end = NK_CORPUS_DOCUMENTS_OFFSET;
+    if (!nk_align_u64(end, table_offset) || !nk_u64_mul(documents, (uint64_t)sizeof(nk_corpus_entry_t), &table_bytes) ||
+        !nk_u64_add(*table_offset, table_bytes, &table_end) || !nk_align_u64(table_end, nbytes) ||
+        *nbytes > (uint64_t)INT64_MAX || *nbytes > (uint64_t)SIZE_MAX)
         return nk_error_overflow_k;
     return nk_ok_k;
 }
 
 nk_status_t nk_corpus_pack_size(uint64_t const *lengths, uint64_t documents, uint64_t depth, int dtype,
                                 uint64_t *nbytes) {
-    nk_corpus_header_t h;
-    nk_status_t status = nk_corpus_layout(lengths, 1, documents, depth, dtype, &h, NULL, nk_table_ignore_k);
-    if (status == nk_ok_k) *nbytes = h.nbytes;
-    return status;
+    uint64_t end = NK_CORPUS_DOCUMENTS_OFFSET, table_offset;
+    nk_status_t status = nk_corpus_plan(lengths, documents, depth, dtype, &end, NULL);
+    if (status != nk_ok_k) return status;
+    return nk_corpus_table_place(end, documents, &table_offset, nbytes);
 }
 
 static void nk_corpus_info_from(nk_corpus_header_t const *h, nk_corpus_info_t *info) {
@@ -60,29 +125,110 @@ static void nk_corpus_info_from(nk_corpus_header_t const *h, nk_corpus_info_t *i
     info->total_vectors = h->total_vectors;
     info->nbytes = h->nbytes;
     info->capabilities = h->capabilities;
+    info->table_offset = h->table_offset;
+    info->checksum = h->checksum;
     info->dtype = h->dtype;
 }
 
-nk_status_t nk_corpus_init(uint64_t const *lengths, uint64_t documents, uint64_t depth, int dtype,
-                           uint64_t capabilities, void *out, uint64_t out_nbytes, nk_corpus_t *corpus) {
+void nk_corpus_header_write(nk_corpus_info_t const *info, void *header) {
     nk_corpus_header_t h;
-    nk_status_t status = nk_corpus_layout(lengths, 1, documents, depth, dtype, &h, NULL, nk_table_ignore_k);
-    if (status != nk_ok_k) return status;
-    if (!out || ((uintptr_t)out) % NK_SECTION_ALIGN != 0 || !corpus) return nk_error_argument_k;
-    if (documents == 0) return nk_error_empty_k;
-    for (uint64_t i = 0; i < documents; ++i)
-        if (lengths[i] == 0) return nk_error_empty_k;
-    if (out_nbytes < h.nbytes) return nk_error_buffer_small_k;
-    h.capabilities = capabilities;
-    memset(out, 0, h.nbytes);
-    memcpy(out, &h, sizeof(h));
-    nk_corpus_entry_t *table = (nk_corpus_entry_t *)((char *)out + NK_HEADER_BYTES);
-    nk_corpus_header_t written;
-    nk_corpus_layout(lengths, 1, documents, depth, dtype, &written, table, nk_table_write_k);
-    corpus->data = out;
-    nk_corpus_info_from(&h, &corpus->info);
-    corpus->table = table;
-    return nk_ok_k;
+    memset(&h, 0, sizeof(h));
+    memcpy(h.magic, NK_CORPUS_MAGIC, 8);
+    h.version = NK_CORPUS_FORMAT_VERSION;
+    h.dtype = info->dtype;
+    h.depth = info->depth;
+    h.documents = info->documents;
+    h.total_vectors = info->total_vectors;
+    h.capabilities = info->capabilities;
+    h.nbytes = info->nbytes;
+    h.table_offset = info->table_offset;
+    h.checksum = info->checksum;
+    memcpy(header, &h, sizeof(h));
+}
+
+/* ---- Threads: a worker function runs on the calling thread and up to threads - 1 helpers. ---- */
+
+/* The kernels keep their scratch on the stack (under 256 KB): more than some C libraries give a new
+ * thread by default (musl: 128 KB), so ask for it. */
+#define NK_THREAD_STACK_BYTES (1u << 20)
+
+typedef void *(*nk_worker_t)(void *);
+
+#ifdef _WIN32
+typedef HANDLE nk_thread_t;
+typedef struct nk_thread_start_args {
+    nk_worker_t worker;
+    void *job;
+} nk_thread_start_args_t;
+static DWORD WINAPI nk_thread_main(LPVOID argument) {
+    nk_thread_start_args_t const *start = (nk_thread_start_args_t const *)argument;
+    start->worker(start->job);
+    return 0;
+}
+#else
+typedef pthread_t nk_thread_t;
+#endif
+
+/* Run worker(job) on min(threads, items, NK_CORPUS_MAX_THREADS) threads, the caller's included; a
+ * helper that cannot be started is simply not there (the workers share the items). */
+static void nk_run_threads(nk_worker_t worker, void *job, uint64_t threads, uint64_t items) {
+    if (threads > items) threads = items;
+    if (threads > NK_CORPUS_MAX_THREADS) threads = NK_CORPUS_MAX_THREADS;
+    nk_thread_t helpers[NK_CORPUS_MAX_THREADS];
+    uint64_t started = 0;
+#ifdef _WIN32
+    nk_thread_start_args_t start = {worker, job};
+    for (; started + 1 < threads; ++started) {
+        helpers[started] = CreateThread(NULL, NK_THREAD_STACK_BYTES, nk_thread_main, &start, 0, NULL);
+        if (!helpers[started]) break;
+    }
+    worker(job);
+    for (uint64_t i = 0; i < started; ++i) WaitForSingleObject(helpers[i], INFINITE), CloseHandle(helpers[i]);
+#else
+    pthread_attr_t attributes;
+    int have_attributes = pthread_attr_init(&attributes) == 0;
+    if (have_attributes) pthread_attr_setstacksize(&attributes, NK_THREAD_STACK_BYTES);
+    for (; started + 1 < threads; ++started)
+        if (pthread_create(&helpers[started], have_attributes ? &attributes : NULL, worker, job) != 0) break;
+    if (have_attributes) pthread_attr_destroy(&attributes);
+    worker(job);
+    for (uint64_t i = 0; i < started; ++i) pthread_join(helpers[i], NULL);
+#endif
+}
+
+/* ---- Packing documents, in parallel. ---- */
+
+typedef struct nk_pack_job {
+    nk_corpus_entry_t const *entries;
+    nk_pack_source_t const *sources;
+    uint64_t count, depth, capabilities, out_offset, out_nbytes;
+    int dtype;
+    char *out;
+    uint64_t next;       /* atomic: the next document to claim */
+    int status;          /* atomic: the first error */
+    uint64_t bad_document, bad_row; /* where it happened (written by the thread that set status) */
+} nk_pack_job_t;
+
+static void *nk_pack_worker(void *argument) {
+    nk_pack_job_t *job = (nk_pack_job_t *)argument;
+    for (;;) {
+        uint64_t i = nk_atomic_fetch_add_u64(&job->next, 1);
+        if (i >= job->count) return NULL;
+        nk_corpus_entry_t entry = job->entries[i];
+        uint64_t nbytes, bad_row = 0;
+        nk_status_t status = nk_maxsim_pack_size(entry.vectors, job->depth, job->dtype, &nbytes);
+        if (status == nk_ok_k && (entry.offset < job->out_offset || entry.offset - job->out_offset > job->out_nbytes ||
+                                  nbytes > job->out_nbytes - (entry.offset - job->out_offset)))
+            status = nk_error_buffer_small_k;
+        if (status == nk_ok_k)
+            status = nk_maxsim_pack(job->sources[i].rows, job->sources[i].dtype, job->sources[i].row_stride,
+                                    entry.vectors, job->depth, job->dtype, job->capabilities,
+                                    job->out + (entry.offset - job->out_offset), nbytes, &bad_row);
+        if (status != nk_ok_k && nk_atomic_set_if_zero_i32(&job->status, (int)status)) {
+            job->bad_document = i, job->bad_row = bad_row;
+            nk_atomic_store_u64(&job->next, job->count); /* stop the others early */
+        }
+    }
 }
 
 nk_maxsim_matrix_t nk_corpus_document(nk_corpus_t const *corpus, uint64_t index, uint64_t *nbytes) {
@@ -106,6 +252,44 @@ uint32_t nk_corpus_format_version(void const *buf, uint64_t nbytes) {
     return version;
 }
 
+nk_status_t nk_corpus_finish(void *data, nk_corpus_entry_t const *entries, uint64_t documents, uint64_t depth, int dtype,
+                             uint64_t capabilities, uint64_t table_offset, uint64_t nbytes, nk_corpus_t *corpus) {
+    if (!data || ((uintptr_t)data) % NK_SECTION_ALIGN != 0 || !corpus || (documents && !entries))
+        return nk_error_argument_k;
+    if (documents == 0) return nk_error_empty_k;
+    uint64_t table_bytes = documents * sizeof(nk_corpus_entry_t), total = 0;
+    if (table_offset < NK_CORPUS_DOCUMENTS_OFFSET || table_offset > nbytes || table_bytes > nbytes - table_offset)
+        return nk_error_argument_k;
+    for (uint64_t i = 0; i < documents; ++i) total += entries[i].vectors;
+    char *bytes = (char *)data;
+    memcpy(bytes + table_offset, entries, (size_t)table_bytes);
+    memset(bytes + table_offset + table_bytes, 0, (size_t)(nbytes - table_offset - table_bytes));
+    nk_corpus_info_t info = {documents, depth, total, nbytes, capabilities, table_offset, 0, (uint32_t)dtype};
+    info.checksum = nk_checksum_of(bytes + NK_HEADER_BYTES, nbytes - NK_HEADER_BYTES);
+    nk_corpus_header_write(&info, data);
+    corpus->data = data;
+    corpus->info = info;
+    corpus->table = (nk_corpus_entry_t const *)(void const *)(bytes + table_offset);
+    return nk_ok_k;
+}
+
+nk_status_t nk_corpus_pack_documents(nk_corpus_entry_t const *entries, nk_pack_source_t const *sources, uint64_t count,
+                                     uint64_t depth, int dtype, uint64_t capabilities, void *out, uint64_t out_offset,
+                                     uint64_t out_nbytes, uint64_t threads, uint64_t *bad_document, uint64_t *bad_row) {
+    if ((count && (!entries || !sources)) || !out || ((uintptr_t)out) % NK_SECTION_ALIGN != 0 ||
+        out_offset % NK_SECTION_ALIGN != 0 || !nk_dtype_itemsize(dtype))
+        return nk_error_argument_k;
+    nk_pack_job_t job = {entries, sources, count, depth, capabilities, out_offset, out_nbytes, dtype, (char *)out,
+                         0, nk_ok_k, 0, 0};
+    nk_run_threads(nk_pack_worker, &job, threads, count);
+    if (job.status != nk_ok_k) {
+        if (bad_document) *bad_document = job.bad_document;
+        if (bad_row) *bad_row = job.bad_row;
+    }
+    return (nk_status_t)job.status;
+}
+
+
 nk_status_t nk_corpus_header(void const *buf, uint64_t nbytes, nk_corpus_info_t *info) {
     if (!buf || !info || ((uintptr_t)buf) % NK_SECTION_ALIGN != 0) return nk_error_argument_k;
     if (nbytes < NK_HEADER_BYTES) return nk_error_corrupt_k;
@@ -113,11 +297,12 @@ nk_status_t nk_corpus_header(void const *buf, uint64_t nbytes, nk_corpus_info_t 
     memcpy(&given, buf, sizeof(given)); /* one read: later checks look at this copy only */
     if (memcmp(given.magic, NK_CORPUS_MAGIC, 8) != 0) return nk_error_corrupt_k;
     if (given.version != NK_CORPUS_FORMAT_VERSION) return nk_error_version_k;
-    /* The fields the table cannot confirm: the table must fit, sizes must match what was given. */
-    uint64_t table_end;
-    if (!nk_dtype_itemsize((int)given.dtype) || given.table_offset != NK_HEADER_BYTES || given.nbytes != nbytes ||
-        !nk_u64_mul(given.documents, (uint64_t)sizeof(nk_corpus_entry_t), &table_end) ||
-        !nk_u64_add(table_end, NK_HEADER_BYTES, &table_end) || table_end > nbytes)
+    /* The fields the table cannot confirm: the table must fit where the sizes say. */
+    uint64_t table_offset, expected_nbytes;
+    if (!nk_dtype_itemsize((int)given.dtype) || given.nbytes != nbytes || given.table_offset % NK_SECTION_ALIGN ||
+        given.table_offset < NK_CORPUS_DOCUMENTS_OFFSET ||
+        nk_corpus_table_place(given.table_offset, given.documents, &table_offset, &expected_nbytes) != nk_ok_k ||
+        table_offset != given.table_offset || expected_nbytes != nbytes)
         return nk_error_corrupt_k;
     for (size_t i = 0; i < sizeof(given.reserved); ++i)
         if (given.reserved[i]) return nk_error_corrupt_k;
@@ -126,23 +311,32 @@ nk_status_t nk_corpus_header(void const *buf, uint64_t nbytes, nk_corpus_info_t 
     return nk_ok_k;
 }
 
-nk_status_t nk_corpus_verify(void const *buf, nk_corpus_info_t const *info, nk_corpus_entry_t *table,
-                             int verify_documents) {
+nk_status_t nk_corpus_verify(void const *buf, nk_corpus_info_t const *info, nk_corpus_entry_t *table, int level) {
     if (!buf || !info || !table) return nk_error_argument_k;
-    memcpy(table, (char const *)buf + NK_HEADER_BYTES, info->documents * sizeof(nk_corpus_entry_t));
-    nk_corpus_header_t expected;
-    if (nk_corpus_layout(&table[0].vectors, 2, info->documents, info->depth, (int)info->dtype, &expected, table,
-                         nk_table_compare_k) != nk_ok_k ||
-        expected.nbytes != info->nbytes || expected.total_vectors != info->total_vectors)
+    char const *bytes = (char const *)buf;
+    memcpy(table, bytes + info->table_offset, (size_t)(info->documents * sizeof(nk_corpus_entry_t)));
+    /* The offsets must be the plan of the lengths: documents in order, none overlapping the table. */
+    uint64_t end = NK_CORPUS_DOCUMENTS_OFFSET, total = 0, table_offset, nbytes;
+    for (uint64_t i = 0; i < info->documents; ++i) {
+        nk_corpus_entry_t expected;
+        nk_status_t status = nk_corpus_plan_strided(&table[i].vectors, 2, 1, info->depth, (int)info->dtype, &end,
+                                                    &expected);
+        if (status == nk_error_empty_k) return status;
+        if (status != nk_ok_k || expected.offset != table[i].offset || !nk_u64_add(total, table[i].vectors, &total))
+            return nk_error_corrupt_k;
+    }
+    if (nk_corpus_table_place(end, info->documents, &table_offset, &nbytes) != nk_ok_k ||
+        table_offset != info->table_offset || nbytes != info->nbytes || total != info->total_vectors)
         return nk_error_corrupt_k;
-    for (uint64_t i = 0; i < info->documents; ++i)
-        if (table[i].vectors == 0) return nk_error_empty_k;
+    if (level >= NK_CORPUS_VERIFY_CHECKSUM &&
+        nk_checksum_of(bytes + NK_HEADER_BYTES, info->nbytes - NK_HEADER_BYTES) != info->checksum)
+        return nk_error_corrupt_k;
     nk_corpus_t corpus = {buf, *info, table};
-    for (uint64_t i = 0; verify_documents && i < info->documents; ++i) {
-        uint64_t bytes;
-        nk_maxsim_matrix_t document = nk_corpus_document(&corpus, i, &bytes);
+    for (uint64_t i = 0; level >= NK_CORPUS_VERIFY_ALL && i < info->documents; ++i) {
+        uint64_t document_bytes;
+        nk_maxsim_matrix_t document = nk_corpus_document(&corpus, i, &document_bytes);
         nk_maxsim_info_t found;
-        nk_status_t status = nk_maxsim_verify(document.data, bytes, &found);
+        nk_status_t status = nk_maxsim_verify(document.data, document_bytes, &found);
         if (status == nk_error_version_k) return status;
         if (status != nk_ok_k || found.dtype != info->dtype || found.depth != info->depth ||
             found.vectors != table[i].vectors || found.capabilities != info->capabilities)
@@ -150,6 +344,9 @@ nk_status_t nk_corpus_verify(void const *buf, nk_corpus_info_t const *info, nk_c
     }
     return nk_ok_k;
 }
+
+/* Query views are kept on the stack in batches of this many. */
+#define NK_CORPUS_QUERY_BATCH 64u
 
 /* ---- scoring: documents are handed out a few at a time (lengths vary) through an atomic counter ---- */
 
@@ -204,39 +401,6 @@ static void *nk_corpus_worker(void *argument) {
     }
 }
 
-/* The kernels keep their scratch on the stack (under 256 KB): more than some C libraries give a new
- * thread by default (musl: 128 KB), so ask for it. */
-#define NK_CORPUS_STACK_BYTES (1u << 20)
-/* Query views are kept on the stack in batches of this many. */
-#define NK_CORPUS_QUERY_BATCH 64u
-
-#ifdef _WIN32
-typedef HANDLE nk_thread_t;
-static DWORD WINAPI nk_thread_main(LPVOID job) {
-    nk_corpus_worker(job);
-    return 0;
-}
-static int nk_thread_start(nk_thread_t *thread, nk_corpus_job_t *job) {
-    *thread = CreateThread(NULL, NK_CORPUS_STACK_BYTES, nk_thread_main, job, 0, NULL);
-    return *thread != NULL;
-}
-static void nk_thread_join(nk_thread_t thread) {
-    WaitForSingleObject(thread, INFINITE);
-    CloseHandle(thread);
-}
-#else
-typedef pthread_t nk_thread_t;
-static int nk_thread_start(nk_thread_t *thread, nk_corpus_job_t *job) {
-    pthread_attr_t attributes;
-    int have_attributes = pthread_attr_init(&attributes) == 0;
-    if (have_attributes) pthread_attr_setstacksize(&attributes, NK_CORPUS_STACK_BYTES);
-    int started = pthread_create(thread, have_attributes ? &attributes : NULL, nk_corpus_worker, job) == 0;
-    if (have_attributes) pthread_attr_destroy(&attributes);
-    return started;
-}
-static void nk_thread_join(nk_thread_t thread) { pthread_join(thread, NULL); }
-#endif
-
 nk_status_t nk_maxsim_score_corpus(nk_maxsim_matrix_t const *queries, uint64_t query_count, nk_corpus_t const *corpus,
                                    uint64_t capabilities, uint64_t threads, double *scores) {
     if ((query_count && !queries) || !corpus || !corpus->data || !corpus->table || (!scores && query_count))
@@ -248,9 +412,6 @@ nk_status_t nk_maxsim_score_corpus(nk_maxsim_matrix_t const *queries, uint64_t q
         if (queries[i].info.dtype != corpus->info.dtype) return nk_error_dtype_mismatch_k;
         if (queries[i].info.depth != corpus->info.depth) return nk_error_depth_mismatch_k;
     }
-    if (threads < 1) threads = 1;
-    if (threads > NK_CORPUS_MAX_THREADS) threads = NK_CORPUS_MAX_THREADS;
-    if (threads > documents) threads = documents;
     /* One kernel for the whole call (every document shares the corpus depth). */
     nk_maxsim_kernel_t kernel = nk_maxsim_kernel_for(capabilities, corpus->info.depth);
     nk_maxsim_view_t views[NK_CORPUS_QUERY_BATCH];
@@ -258,11 +419,7 @@ nk_status_t nk_maxsim_score_corpus(nk_maxsim_matrix_t const *queries, uint64_t q
         uint64_t count = query_count - batch < NK_CORPUS_QUERY_BATCH ? query_count - batch : NK_CORPUS_QUERY_BATCH;
         for (uint64_t i = 0; i < count; ++i) nk_maxsim_view_init(&queries[batch + i], &views[i]);
         nk_corpus_job_t job = {views, count, corpus, kernel, scores + batch * documents, 0, nk_ok_k};
-        nk_thread_t helpers[NK_CORPUS_MAX_THREADS];
-        uint64_t started = 0;
-        while (started + 1 < threads && nk_thread_start(&helpers[started], &job)) ++started; /* fewer is fine */
-        nk_corpus_worker(&job);
-        for (uint64_t i = 0; i < started; ++i) nk_thread_join(helpers[i]);
+        nk_run_threads(nk_corpus_worker, &job, threads, documents);
         if (job.status != nk_ok_k) return (nk_status_t)job.status;
     }
     return nk_ok_k;

@@ -60,8 +60,7 @@ typedef struct nk_maxsim_header {
     uint8_t reserved[NK_HEADER_BYTES - 8 - 4 - 4 - 11 * 8];
 } nk_maxsim_header_t;
 
-/* A packed corpus: this header, a table of nk_corpus_entry_t (one per document, at table_offset),
- * then each document as a complete packed matrix at its own 64-byte aligned offset, in order. */
+/* A packed corpus (format in maxsim.h): this header, the documents, then the table. */
 #define NK_CORPUS_MAGIC "NKCORPUS"
 
 typedef struct nk_corpus_header {
@@ -74,7 +73,8 @@ typedef struct nk_corpus_header {
     uint64_t capabilities;
     uint64_t nbytes;
     uint64_t table_offset;
-    uint8_t reserved[NK_HEADER_BYTES - 8 - 4 - 4 - 6 * 8];
+    uint64_t checksum; /* nk_checksum of bytes [NK_HEADER_BYTES, nbytes) */
+    uint8_t reserved[NK_HEADER_BYTES - 8 - 4 - 4 - 7 * 8];
 } nk_corpus_header_t;
 
 /* What a kernel reads from one packed operand. */

@@ -235,24 +235,28 @@ static void nk_row_span(int dtype, void const *row, uint64_t depth, uint64_t sta
     for (uint64_t i = count; i < padded; ++i) span->values[i] = 0.0;
 }
 
-/* Squared norms of u - q * step over the unit row u = values * inv_norm for each step, both in one
- * pass (steps[1] == 0: only the first), summed in 4 lanes in a fixed order (packing and
- * verification agree bit for bit). */
-static void nk_screen_error_squares(int dtype, void const *values, uint64_t depth, double inv_norm, float const steps[2],
-                                    nk_span_t *span, double squares[2]) {
+/* Quantize the unit row u = values * inv_norm with each step (steps[1] == 0: only the first): the codes
+ * q = round(u / step) in [-127, 127] of elements [0, depth) go to codes[s] (which hold NK_SPAN), and
+ * the squared norms of u - q * step, summed in 4 lanes in a fixed order (packing and verification
+ * agree bit for bit), to squares[s]. Of a row longer than NK_SPAN only the first span's codes are kept. */
+static void nk_quantize_row(int dtype, void const *values, uint64_t depth, double inv_norm, float const steps[2],
+                            nk_span_t *span, int8_t codes[2][NK_SPAN], double squares[2]) {
     double errors[2][4] = {{0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}};
     double multipliers[2] = {steps[0] > 0.0f ? 1.0 / (double)steps[0] : 0.0,
                              steps[1] > 0.0f ? 1.0 / (double)steps[1] : 0.0};
     int count_steps = steps[1] > 0.0f ? 2 : 1;
     for (uint64_t start = 0; start < depth; start += NK_SPAN) {
-        uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN;
-        nk_row_span(dtype, values, depth, start, (count + 3) / 4 * 4, span);
-        for (uint64_t i = 0; i < count; i += 4)
-            for (int j = 0; j < 4; ++j)
-                for (int s = 0; s < count_steps; ++s) {
-                    double u = span->values[i + j] * inv_norm, residual = u - nk_quantize(u, multipliers[s]) * (double)steps[s];
+        uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN, padded = (count + 3) / 4 * 4;
+        nk_row_span(dtype, values, depth, start, padded, span);
+        for (int s = 0; s < count_steps; ++s) {
+            double multiplier = multipliers[s], step = (double)steps[s];
+            for (uint64_t i = 0; i < padded; i += 4)
+                for (int j = 0; j < 4; ++j) {
+                    double u = span->values[i + j] * inv_norm, q = nk_quantize(u, multiplier), residual = u - q * step;
                     errors[s][j] += residual * residual;
+                    if (!start) codes[s][i + j] = (int8_t)q;
                 }
+        }
     }
     for (int s = 0; s < 2; ++s) squares[s] = (errors[s][0] + errors[s][1]) + (errors[s][2] + errors[s][3]);
 }
@@ -300,23 +304,32 @@ static int nk_derive_row(nk_maxsim_header_t const *h, char *base, uint64_t row, 
         steps[1] = (float)(ldexp(1.0, mantissa == 0.5 ? exponent - 1 : exponent) * inv_norm);
     }
     double error_squares[2];
-    nk_screen_error_squares(dtype, values, h->depth, inv_norm, steps, &span, error_squares);
+    int8_t codes[2][NK_SPAN];
+    nk_quantize_row(dtype, values, h->depth, inv_norm, steps, &span, codes, error_squares);
     int grid = steps[1] > 0.0f && error_squares[1] < error_squares[0];
     float step = steps[grid];
     double multiplier = step > 0.0f ? 1.0 / (double)step : 0.0;
+    /* The row's 4-byte groups are 4 x (rows in its tile) bytes apart in the screen section. */
+    uint64_t group_start = nk_screen_offset(h->vectors, h->screen_depth, row, 0);
+    uint64_t group_stride = h->screen_depth > 4 ? nk_screen_offset(h->vectors, h->screen_depth, row, 4) - group_start : 0;
+    uint8_t *screen = (uint8_t *)base + h->screen_offset + group_start;
     int64_t sum = 0;
     for (uint64_t start = 0; start < h->screen_depth; start += NK_SPAN) {
         uint64_t count = h->screen_depth - start < NK_SPAN ? h->screen_depth - start : NK_SPAN;
-        nk_row_span(dtype, values, h->depth, start, count, &span); /* depth padding is value 0 */
-        for (uint64_t i = 0; i < count; i += 4) {
+        int8_t const *row_codes = codes[grid];
+        int8_t fresh[NK_SPAN];
+        if (start) { /* only rows longer than a span are quantized again, span by span */
+            nk_row_span(dtype, values, h->depth, start, count, &span); /* depth padding is value 0 */
+            for (uint64_t i = 0; i < count; ++i) fresh[i] = (int8_t)nk_quantize(span.values[i] * inv_norm, multiplier);
+            row_codes = fresh;
+        }
+        for (uint64_t i = 0; i < count; i += 4, screen += group_stride) {
             uint8_t group[4];
             for (int j = 0; j < 4; ++j) {
-                double q = nk_quantize(span.values[i + j] * inv_norm, multiplier);
-                sum += (int64_t)q;
-                group[j] = (uint8_t)((int)q + 128);
+                sum += row_codes[i + j];
+                group[j] = (uint8_t)(row_codes[i + j] + 128);
             }
-            same &= nk_put(base + h->screen_offset + nk_screen_offset(h->vectors, h->screen_depth, row, start + i),
-                           group, 4, verify);
+            same &= nk_put(screen, group, 4, verify);
         }
     }
     /* Round the error bound up: the relative margin dwarfs float64 and float32 rounding. */

@@ -12,6 +12,7 @@ import numpy as _np
 
 from numkong._maxsim import (
     Capability,
+    MaxSimCorpusWriter,
     MaxSimPackedCorpus,
     MaxSimPackedMatrix,
     get_capabilities,
@@ -43,6 +44,7 @@ _disable_capabilities(_os.environ.get("NUMKONG_DISABLE", ""))
 
 __all__ = [
     "Capability",
+    "MaxSimCorpusWriter",
     "MaxSimPackedCorpus",
     "MaxSimPackedMatrix",
     "bfloat16",

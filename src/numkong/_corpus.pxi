@@ -4,6 +4,7 @@ import tempfile as _tempfile
 
 from cpython.buffer cimport PyBUF_WRITE
 from cpython.memoryview cimport PyMemoryView_FromMemory
+from libc.stdlib cimport realloc
 
 
 cdef class MaxSimPackedCorpus:
@@ -26,6 +27,7 @@ cdef class MaxSimPackedCorpus:
         self.corpus.info.documents = 0
         self._table = NULL
         self._owned = NULL
+        self._owned_reserved = 0
         self._mapping = NULL
         self._mapping_bytes = 0
         self._has_view = False
@@ -38,7 +40,9 @@ cdef class MaxSimPackedCorpus:
             PyBuffer_Release(&self._view)
         if self._mapping != NULL:
             nk_unmap_file(self._mapping, <size_t>self._mapping_bytes)
-        nk_packed_free(self._owned)
+        cdef nk_region_t region
+        region.base, region.reserved, region.committed = <char *>self._owned, <size_t>self._owned_reserved, 0
+        nk_region_release(&region)
         free(self._table)
 
     @classmethod
@@ -190,17 +194,21 @@ cdef class MaxSimPackedCorpus:
         _sync_directory(directory)
 
     @classmethod
-    def load(cls, path, *, mmap=True):
+    def load(cls, path, *, mmap=True, verify=True):
         """Load a saved corpus from a path or a binary file object; ValueError if it is corrupt.
 
         A path must name a regular file. With mmap=True (default) the file is mapped read-only without
         copying (no file descriptor stays open); mmap=False, or a file object, reads it into memory.
-        Every byte is verified (header, table, stored values, derived sections). A mapped file must not
-        be truncated or edited in place while it is loaded (as with numpy.memmap); replacing it, e.g. by
-        save(), is safe.
+        verify: True (default) checks the header, the document table and the checksum of every byte
+        save() wrote (any corruption since then is refused, at memory speed); "all" also re-derives every
+        document's sections from its stored values, as packing would (for bytes from an untrusted
+        source); False checks only the header and table, what memory safety needs (for trusted files).
+        A mapped file must not be truncated or edited in place while it is loaded (as with
+        numpy.memmap); replacing it, e.g. by save(), is safe.
         """
+        cdef int level = _verify_level(verify)
         if hasattr(path, "read"):
-            return _open_corpus(path.read())
+            return _open_corpus(path.read(), level)
         flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
         descriptor = os.open(path, flags)  # non-blocking: a FIFO without a writer cannot hang the open
         try:
@@ -211,8 +219,8 @@ cdef class MaxSimPackedCorpus:
             if status.st_size == 0:
                 raise ValueError(f"corrupt packed corpus: {os.fspath(path)!r} is empty")
             if mmap:
-                return _map_corpus(descriptor, status.st_size, os.fspath(path))
-            return _read_corpus(descriptor, status.st_size, os.fspath(path))
+                return _map_corpus(descriptor, status.st_size, os.fspath(path), level)
+            return _read_corpus(descriptor, status.st_size, os.fspath(path), level)
         finally:
             os.close(descriptor)
 
@@ -260,7 +268,18 @@ cdef uint64_t _corpus_size(object counts, uint64_t depth, int code) except? 0:
 _CORPUS_EMPTY = "corrupt packed corpus: it holds no documents, or a document with no rows"
 
 
-cdef int _validate_corpus(MaxSimPackedCorpus corpus, const void *data, uint64_t nbytes) except -1:
+cdef int _verify_level(object verify) except -1:
+    if verify is True:
+        return NK_CORPUS_VERIFY_CHECKSUM
+    if verify is False:
+        return NK_CORPUS_VERIFY_LAYOUT
+    if verify == "all":
+        return NK_CORPUS_VERIFY_ALL
+    raise ValueError(f"verify must be True (header, table and checksum), 'all' (also every derived section) or "
+                     f"False (header and table only), not {verify!r}")
+
+
+cdef int _validate_corpus(MaxSimPackedCorpus corpus, const void *data, uint64_t nbytes, int level) except -1:
     """Validate untrusted corpus bytes: the header and table are read once, into memory `corpus` owns."""
     cdef nk_corpus_info_t info
     cdef nk_status_t status
@@ -274,7 +293,7 @@ cdef int _validate_corpus(MaxSimPackedCorpus corpus, const void *data, uint64_t 
     if corpus._table == NULL:
         raise MemoryError(f"cannot allocate the table of {info.documents} documents")
     with nogil:
-        status = nk_corpus_verify(data, &info, corpus._table, 1)
+        status = nk_corpus_verify(data, &info, corpus._table, level)
     _raise_for(status, context)
     corpus.corpus.data = data
     corpus.corpus.info = info
@@ -303,7 +322,18 @@ cdef bint _may_change(object data):
     return True
 
 
-def _open_corpus(data):
+cdef void *_corpus_alloc(MaxSimPackedCorpus corpus, uint64_t nbytes) except NULL:
+    """Owned, page-aligned memory of `nbytes` for `corpus` (released with it)."""
+    cdef nk_region_t region
+    if nbytes > <uint64_t>(<size_t>-1) or not nk_region_reserve(&region, <size_t>nbytes) or \
+            not nk_region_commit(&region, <size_t>nbytes):
+        nk_region_release(&region)
+        raise MemoryError(f"cannot allocate {nbytes} bytes for a packed corpus")
+    corpus._owned, corpus._owned_reserved = region.base, region.reserved
+    return corpus._owned
+
+
+def _open_corpus(data, int level=NK_CORPUS_VERIFY_CHECKSUM):
     """A corpus over bytes-like `data`, verified: a view of read-only, 64-byte aligned bytes that no one
     can write, else a private copy (writable bytes could be changed after they were verified)."""
     cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
@@ -317,16 +347,15 @@ def _open_corpus(data):
     if (<uintptr_t>corpus._view.buf) % 64 == 0 and corpus._view.readonly and not _may_change(data):
         bytes_at = corpus._view.buf
     else:
-        corpus._owned = _packed_alloc(nbytes, "corpus")
-        memcpy(corpus._owned, corpus._view.buf, <size_t>nbytes)
-        bytes_at = corpus._owned
+        bytes_at = _corpus_alloc(corpus, nbytes)
+        memcpy(<void *>bytes_at, corpus._view.buf, <size_t>nbytes)
         PyBuffer_Release(&corpus._view)
         corpus._has_view = False
-    _validate_corpus(corpus, bytes_at, nbytes)
+    _validate_corpus(corpus, bytes_at, nbytes, level)
     return corpus
 
 
-cdef MaxSimPackedCorpus _map_corpus(int descriptor, uint64_t nbytes, str path):
+cdef MaxSimPackedCorpus _map_corpus(int descriptor, uint64_t nbytes, str path, int level):
     cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
     if nbytes > <uint64_t>(<size_t>-1):
         raise MemoryError(f"{path!r} ({nbytes} bytes) does not fit this process's address space")
@@ -335,15 +364,14 @@ cdef MaxSimPackedCorpus _map_corpus(int descriptor, uint64_t nbytes, str path):
     if corpus._mapping == NULL:
         raise OSError(f"cannot map {path!r} ({nbytes} bytes) into memory; try load(..., mmap=False)")
     corpus._mapping_bytes = nbytes
-    _validate_corpus(corpus, corpus._mapping, nbytes)
+    _validate_corpus(corpus, corpus._mapping, nbytes, level)
     return corpus
 
 
-cdef MaxSimPackedCorpus _read_corpus(int descriptor, uint64_t nbytes, str path):
+cdef MaxSimPackedCorpus _read_corpus(int descriptor, uint64_t nbytes, str path, int level):
     """Read exactly `nbytes` (the size the file had when opened) into owned memory, then verify."""
     cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
-    corpus._owned = _packed_alloc(nbytes, "corpus")
-    target = PyMemoryView_FromMemory(<char *>corpus._owned, <Py_ssize_t>nbytes, PyBUF_WRITE)
+    target = PyMemoryView_FromMemory(<char *>_corpus_alloc(corpus, nbytes), <Py_ssize_t>nbytes, PyBUF_WRITE)
     cdef uint64_t done = 0
     with open(descriptor, "rb", buffering=0, closefd=False) as file:
         while done < nbytes:
@@ -351,12 +379,12 @@ cdef MaxSimPackedCorpus _read_corpus(int descriptor, uint64_t nbytes, str path):
             if not got:
                 raise ValueError(f"corrupt packed corpus: {path!r} became shorter while it was read")
             done += got
-    _validate_corpus(corpus, corpus._owned, nbytes)
+    _validate_corpus(corpus, corpus._owned, nbytes, level)
     return corpus
 
 
 def _load_corpus(data):
-    """Rebuild a packed corpus from bytes (the pickle path); verifies everything."""
+    """Rebuild a packed corpus from bytes (the pickle path): header, table and checksum verified."""
     return _open_corpus(data)
 
 
@@ -384,34 +412,29 @@ def _batch_documents(batch, lengths, mask):
     return [batch[i, :counts[i]] for i in range(batch.shape[0])]
 
 
-def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, lengths=None, mask=None, capabilities=None,
-                       stream=None):
-    """Pack many documents of different lengths into one MaxSimPackedCorpus.
+# ---- Building corpora: documents are packed in batches, in parallel, into consecutive bytes. ----
 
-    documents: a sequence of 2-D matrices [rows_i, depth]; or (with offsets=) one flat token matrix
-       [total_rows, depth] where document i is rows offsets[i] .. offsets[i+1] (offsets[0] == 0,
-       offsets[-1] == total_rows, non-decreasing); or a padded batch [documents, tokens, depth] (NumPy,
-       torch, any DLPack or buffer object) with lengths= (tokens per document) or mask= (documents x
-       tokens, true for real tokens, as PyLate's documents_mask), so that padding rows never count.
-    dtype: packing dtype as in maxsim_pack(); None keeps the inputs' format (the narrowest holding all).
-    capabilities: a Capability mask to restrict scoring to (as in maxsim_pack); None for no restriction.
-    Every document needs at least one row and the same depth.
-    """
-    _check_stream(stream)
-    cdef uint64_t restriction = _resolve_capabilities(capabilities, NK_CAPABILITIES_ANY)
+# A batch ends at this many documents or source bytes: the working set beside the output.
+DEF _BATCH_DOCUMENTS = 4096
+DEF _BATCH_BYTES = 64 << 20
+
+
+def _documents_of(documents, offsets, lengths, mask):
+    """(iterator of the documents as given, their count or None, whether they are all at hand) for every
+    input kind maxsim_pack_corpus takes."""
     if _is_array_like(documents) or (lengths is not None or mask is not None):
         batch = _as_array(documents, "documents")
         if batch.ndim == 3:
             if offsets is not None:
                 raise TypeError("offsets= is for a flat token matrix; a padded batch takes lengths= or mask=")
-            documents = _batch_documents(batch, lengths, mask)
-        elif lengths is not None or mask is not None:
+            items = _batch_documents(batch, lengths, mask)
+            return iter(items), len(items), True
+        if lengths is not None or mask is not None:
             raise TypeError(f"lengths= and mask= are for a padded 3-D batch, not a {batch.ndim}-D array")
-        elif offsets is None:
-            raise TypeError("documents must be a sequence of 2-D matrices, one token matrix with offsets=, or a "
+        if offsets is None:
+            raise TypeError("documents must be an iterable of 2-D matrices, one token matrix with offsets=, or a "
                             "padded 3-D batch with lengths= or mask=")
-        else:
-            documents = batch
+        documents = batch
     if offsets is not None:
         tokens = _as_matrix(documents, "documents")
         bounds = np.asarray(offsets)
@@ -420,49 +443,360 @@ def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, lengths=None, 
         if bounds[0] != 0 or bounds[-1] != tokens.shape[0] or np.any(np.diff(bounds) < 0):
             raise ValueError(f"offsets must start at 0, be non-decreasing and end at the token count "
                              f"{tokens.shape[0]}")
-        matrices = [tokens[bounds[i]:bounds[i + 1]] for i in range(bounds.size - 1)]
-    else:
-        if not hasattr(documents, "__len__"):
-            raise TypeError("documents must be a sequence of 2-D matrices, one token matrix with offsets=, or a "
-                            "padded 3-D batch with lengths= or mask=")
-        matrices = [_as_matrix(document, f"document {i}") for i, document in enumerate(documents)]
-    if not matrices:
-        raise ValueError("the corpus has no documents; pass at least one")
-    depth = matrices[0].shape[1]
-    for position, matrix in enumerate(matrices):
-        if matrix.shape[1] != depth:
-            raise ValueError(f"document {position} has depth {matrix.shape[1]} but document 0 has depth {depth}")
-        if matrix.shape[0] == 0:
-            raise ValueError(f"document {position} has no rows; every document needs at least one token vector")
-    if dtype is None:
-        for position, matrix in enumerate(matrices):
-            _infer_dtype_name(matrix, f"document {position}")
-        name = _narrowest_holding(*sorted({matrix.dtype for matrix in matrices}, key=str))
-    else:
-        name = _dtype_name(dtype)
-    cdef int code = _DTYPE_CODES[name]
-    counts = np.array([matrix.shape[0] for matrix in matrices], dtype=np.uint64)
-    cdef uint64_t[::1] rows = counts
-    cdef uint64_t nbytes = _corpus_size(counts, depth, code)
-    cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
-    corpus._owned = _packed_alloc(nbytes, "corpus")
-    corpus._table = <nk_corpus_entry_t *>malloc(rows.shape[0] * sizeof(nk_corpus_entry_t))
-    if corpus._table == NULL:
-        raise MemoryError(f"cannot allocate the table of {rows.shape[0]} documents")
-    _raise_for(nk_corpus_init(&rows[0], rows.shape[0], depth, code, restriction, corpus._owned, nbytes,
-                              &corpus.corpus),
-               {"what": "packing the corpus", "empty": "every document needs at least one token vector"})
-    memcpy(corpus._table, corpus.corpus.table, rows.shape[0] * sizeof(nk_corpus_entry_t))
-    corpus.corpus.table = corpus._table
-    cdef uint64_t index, capacity
-    cdef nk_maxsim_matrix_t target
-    for index in range(rows.shape[0]):
-        target = nk_corpus_document(&corpus.corpus, index, &capacity)
+        return (tokens[bounds[i]:bounds[i + 1]] for i in range(bounds.size - 1)), bounds.size - 1, True
+    if isinstance(documents, (str, bytes)) or not hasattr(documents, "__iter__"):
+        raise TypeError("documents must be an iterable of 2-D matrices (a list, a generator ...), one token matrix "
+                        "with offsets=, or a padded 3-D batch with lengths= or mask=")
+    sized = hasattr(documents, "__len__") and hasattr(documents, "__getitem__")
+    return iter(documents), len(documents) if sized else None, sized
+
+
+cdef class _Progress:
+    """Reports packed documents to a callable (done, total or None) or a tqdm-style object (update(n))."""
+    cdef object target
+    cdef object total
+    cdef uint64_t done
+
+    def __init__(self, target, total):
+        if target is not None and not (hasattr(target, "update") or callable(target)):
+            raise TypeError("progress must be a callable (done, total) or an object with update(n), like tqdm")
+        self.target, self.total, self.done = target, total, 0
+
+    cdef int advance(self, uint64_t count) except -1:
+        self.done += count
+        if self.target is None:
+            return 0
+        if hasattr(self.target, "update"):
+            self.target.update(count)
+        else:
+            self.target(self.done, self.total)
+        return 0
+
+
+cdef class _CorpusBuilder:
+    """Documents packed batch by batch into consecutive corpus bytes (documents from byte 128 on, in
+    order), with the entries of every document so far. `sink` receives each packed batch: None packs
+    straight into a growing region of memory, a file object gets the bytes written."""
+    cdef object sink
+    cdef nk_checksum_t checksum   # of the bytes written to a sink so far (after the header)
+    cdef nk_region_t region       # in memory: the corpus bytes
+    cdef nk_corpus_entry_t *entries
+    cdef uint64_t capacity, documents, end, depth, restriction, threads
+    cdef int code
+    cdef str name
+    cdef bint name_fixed          # dtype given, or inferred from every document up front
+    cdef _Progress progress
+
+    def __cinit__(self):
+        self.region.base = NULL
+        self.region.reserved = self.region.committed = 0
+        self.entries = NULL
+        self.capacity = self.documents = self.depth = 0
+        self.end = NK_CORPUS_DOCUMENTS_OFFSET
+        nk_checksum_init(&self.checksum)
+
+    def __dealloc__(self):
+        nk_region_release(&self.region)
+        free(self.entries)
+
+    cdef int setup(self, object sink, object name, uint64_t restriction, object threads, _Progress progress,
+                   uint64_t expected_bytes) except -1:
+        self.sink, self.restriction, self.progress = sink, restriction, progress
+        self.threads = _thread_count(threads)
+        self.name = name
+        self.name_fixed = name is not None
+        if sink is None:
+            # In memory: the exact size when it is known, else address space to grow into without copying.
+            for size in ([expected_bytes] if expected_bytes else [1 << 40, 1 << 36, 1 << 32]):
+                if nk_region_reserve(&self.region, <size_t>size):
+                    return 0
+            raise MemoryError(f"cannot reserve address space for a packed corpus")
+        return 0
+
+    cdef int add(self, list matrices, uint64_t first_index) except -1:
+        """Pack one batch of checked 2-D arrays (documents first_index, first_index + 1, ...)."""
+        cdef uint64_t count = len(matrices), i, start = self.end, end = self.end, bad_document = 0, bad_row = 0
+        if not count:
+            return 0
+        if self.depth == 0:
+            self.depth = matrices[0].shape[1]
+        if self.name is None:  # inferred from the first document; later ones must fit it exactly
+            self.name = _infer_dtype_name(matrices[0], f"document {first_index}")
+        for i in range(count):
+            matrix = matrices[i]
+            if matrix.shape[1] != self.depth:
+                raise ValueError(f"document {first_index + i} has depth {matrix.shape[1]} but document 0 has depth "
+                                 f"{self.depth}")
+            if matrix.shape[0] == 0:
+                raise ValueError(f"document {first_index + i} has no rows; every document needs at least one token "
+                                 f"vector")
+            if not self.name_fixed and not (_is_float_dtype(matrix.dtype) and _holds(self.name, matrix.dtype)):
+                _infer_dtype_name(matrix, f"document {first_index + i}")  # the integer / non-float messages
+                raise ValueError(f"document {first_index + i} is {matrix.dtype}, which {self.name} (inferred from "
+                                 f"the first document) does not hold exactly; pass dtype= to pack every document in "
+                                 f"one format")
+        self.code = _DTYPE_CODES[self.name]
+        if self.documents + count > self.capacity:
+            grown = max(2 * self.capacity, self.documents + count, 1024)
+            table = <nk_corpus_entry_t *>realloc(self.entries, grown * sizeof(nk_corpus_entry_t))
+            if table == NULL:
+                raise MemoryError(f"cannot grow the table of a corpus to {grown} documents")
+            self.entries, self.capacity = table, grown
+        rows = np.array([matrix.shape[0] for matrix in matrices], dtype=np.uint64)
+        cdef uint64_t[::1] row_counts = rows
+        cdef nk_corpus_entry_t *batch = self.entries + self.documents
+        _raise_for(nk_corpus_plan(&row_counts[0], count, self.depth, self.code, &end, batch),
+                   {"what": f"a corpus of {self.documents + count} documents x depth {self.depth} {self.name}"})
+        # The sources: rows in the packing format are read in place, anything else through float64.
+        sources_memory = np.empty(count * sizeof(nk_pack_source_t), dtype=np.uint8)
+        cdef nk_pack_source_t *sources = <nk_pack_source_t *><uintptr_t>sources_memory.__array_interface__["data"][0]
+        kept = []
+        for i in range(count):
+            matrix = matrices[i]
+            if matrix.dtype != _NUMPY_DTYPES[self.name] or not matrix.flags.aligned:
+                matrix = matrix.astype(np.float64)
+                sources[i].dtype = nk_dtype_float64_k
+            else:
+                sources[i].dtype = self.code
+            kept.append(matrix)
+            sources[i].rows = <const void *><uintptr_t>matrix.__array_interface__["data"][0]
+            sources[i].row_stride = matrix.strides[0]
+        cdef void *out
+        cdef uint64_t out_offset, out_nbytes = end - start
+        buffer = None
+        if self.sink is None:
+            if end > self.region.reserved:
+                raise MemoryError(f"a packed corpus of {end} bytes does not fit the {self.region.reserved} bytes "
+                                  f"reserved for it; pack it in parts")
+            if not nk_region_commit(&self.region, <size_t>end):
+                raise MemoryError(f"cannot allocate {end} bytes for a packed corpus")
+            out, out_offset = self.region.base, 0
+            out_nbytes = end
+        else:
+            buffer = _aligned_bytes(out_nbytes)
+            out = <void *><uintptr_t>buffer.__array_interface__["data"][0]
+            out_offset = start
+        cdef nk_status_t status
+        with nogil:
+            status = nk_corpus_pack_documents(batch, sources, count, self.depth, self.code, self.restriction, out,
+                                              out_offset, out_nbytes, self.threads, &bad_document, &bad_row)
+        if status != nk_ok_k:
+            try:
+                _raise_for(status, {"what": "packing the corpus", "row": bad_row})
+            except ValueError as error:
+                raise ValueError(f"document {first_index + bad_document}: {error}") from None
+        if buffer is not None:
+            self.sink.write(memoryview(buffer))
+            nk_checksum_update(&self.checksum, out, out_nbytes)
+        self.documents += count
+        self.end = end
+        self.progress.advance(count)
+        return 0
+
+    cdef int feed(self, object items) except -1:
+        """Pack every document of an iterator, batch by batch."""
+        batch, batch_bytes = [], 0
+        for document in items:
+            matrix = _as_matrix(document, f"document {self.documents + len(batch)}")
+            batch.append(matrix)
+            batch_bytes += matrix.nbytes
+            if len(batch) >= _BATCH_DOCUMENTS or batch_bytes >= _BATCH_BYTES:
+                self.add(batch, self.documents)
+                batch, batch_bytes = [], 0
+        self.add(batch, self.documents)
+        return 0
+
+    cdef MaxSimPackedCorpus finish_in_memory(self):
+        cdef uint64_t table_offset = 0, nbytes = 0
+        if not self.documents:
+            raise ValueError("the corpus has no documents; pass at least one")
+        _raise_for(nk_corpus_table_place(self.end, self.documents, &table_offset, &nbytes),
+                   {"what": f"a corpus of {self.documents} documents"})
+        if nbytes > self.region.reserved or not nk_region_commit(&self.region, <size_t>nbytes):
+            raise MemoryError(f"cannot allocate {nbytes} bytes for a packed corpus")
+        cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
+        with nogil:
+            status = nk_corpus_finish(self.region.base, self.entries, self.documents, self.depth, self.code,
+                                      self.restriction, table_offset, nbytes, &corpus.corpus)
+        _raise_for(status, {"what": "finishing the corpus"})
+        # The corpus takes the memory and the entries (its private table).
+        corpus._owned, corpus._owned_reserved = self.region.base, self.region.reserved
+        self.region.base = NULL
+        self.region.reserved = 0
+        corpus._table, self.entries = self.entries, NULL
+        corpus.corpus.table = corpus._table
+        return corpus
+
+    cdef bytes finish_stream(self):
+        """Write the table and padding to the sink; the header (with the checksum) to write at byte 0."""
+        cdef uint64_t table_offset = 0, nbytes = 0, i
+        cdef nk_corpus_info_t info
+        if not self.documents:
+            raise ValueError("the corpus has no documents; append at least one")
+        _raise_for(nk_corpus_table_place(self.end, self.documents, &table_offset, &nbytes),
+                   {"what": f"a corpus of {self.documents} documents"})
+        tail = bytearray(nbytes - self.end)  # zeros up to the table (none: documents end aligned), table, padding
+        cdef uint64_t table_bytes = self.documents * sizeof(nk_corpus_entry_t)
+        tail[table_offset - self.end:table_offset - self.end + table_bytes] = \
+            (<char *>self.entries)[:table_bytes]
+        self.sink.write(tail)
+        cdef const unsigned char[::1] view = tail
+        if tail:
+            nk_checksum_update(&self.checksum, &view[0], len(tail))
+        info.documents, info.depth, info.dtype = self.documents, self.depth, self.code
+        info.total_vectors = 0
+        for i in range(self.documents):
+            info.total_vectors += self.entries[i].vectors
+        info.nbytes, info.capabilities, info.table_offset = nbytes, self.restriction, table_offset
+        info.checksum = nk_checksum_final(&self.checksum)
+        header = bytearray(NK_CORPUS_DOCUMENTS_OFFSET)
+        cdef unsigned char[::1] header_view = header
+        nk_corpus_header_write(&info, &header_view[0])
+        return bytes(header)
+
+
+def _checksum(data):
+    """nk_checksum of a bytes-like object (what a corpus header stores for bytes [128, nbytes))."""
+    cdef const unsigned char[::1] view = memoryview(data).cast("B")
+    cdef nk_checksum_t state
+    nk_checksum_init(&state)
+    if view.shape[0]:
+        nk_checksum_update(&state, &view[0], view.shape[0])
+    return nk_checksum_final(&state)
+
+
+def _aligned_bytes(uint64_t nbytes):
+    """A 64-byte aligned uint8 NumPy array of nbytes (its memory freed with it)."""
+    raw = np.empty(nbytes + 64, dtype=np.uint8)
+    start = (-raw.__array_interface__["data"][0]) % 64
+    return raw[start:start + nbytes]
+
+
+def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, lengths=None, mask=None, threads=None,
+                       progress=None, capabilities=None, stream=None):
+    """Pack many documents of different lengths into one MaxSimPackedCorpus.
+
+    documents: any iterable of 2-D matrices [rows_i, depth] (a list, a generator ...); or (with offsets=)
+       one flat token matrix [total_rows, depth] where document i is rows offsets[i] .. offsets[i+1]
+       (offsets[0] == 0, offsets[-1] == total_rows, non-decreasing); or a padded batch [documents,
+       tokens, depth] (NumPy, torch, any DLPack or buffer object) with lengths= (tokens per document) or
+       mask= (documents x tokens, true for real tokens, as PyLate's documents_mask), so that padding
+       rows never count. Documents are packed in batches as they come: a generator is never held whole.
+    dtype: packing dtype as in maxsim_pack(); None keeps the inputs' format (the narrowest holding all;
+       for a generator, the first document's format, which every later one must fit exactly).
+    threads: packing threads (default: every core this process may use); the GIL is released.
+    progress: a callable progress(done, total) (total None for a generator) or an object with
+       update(n) such as a tqdm bar, told after every batch.
+    capabilities: a Capability mask to restrict scoring to (as in maxsim_pack); None for no restriction.
+    Every document needs at least one row and the same depth.
+    """
+    _check_stream(stream)
+    cdef uint64_t restriction = _resolve_capabilities(capabilities, NK_CAPABILITIES_ANY)
+    items, total, at_hand = _documents_of(documents, offsets, lengths, mask)
+    name = None if dtype is None else _dtype_name(dtype)
+    cdef uint64_t expected_bytes = 0
+    cdef _CorpusBuilder builder = _CorpusBuilder()
+    if at_hand:  # every document is here: the format that holds them all, and the exact size up front
+        matrices = [_as_matrix(document, f"document {i}") for i, document in enumerate(items)]
+        if not matrices:
+            raise ValueError("the corpus has no documents; pass at least one")
+        if name is None:
+            for position, matrix in enumerate(matrices):
+                _infer_dtype_name(matrix, f"document {position}")
+            name = _narrowest_holding(*sorted({matrix.dtype for matrix in matrices}, key=str))
+        if all(matrix.shape[0] and matrix.shape[1] == matrices[0].shape[1] for matrix in matrices):
+            expected_bytes = _corpus_size(np.array([m.shape[0] for m in matrices], dtype=np.uint64),
+                                          matrices[0].shape[1], _DTYPE_CODES[name])
+        items = iter(matrices)
+    builder.setup(None, name, restriction, threads, _Progress(progress, total), expected_bytes)
+    builder.feed(items)
+    return builder.finish_in_memory()
+
+
+class MaxSimCorpusWriter:
+    """Builds a corpus file document batch by batch, for collections larger than memory.
+
+        with numkong.MaxSimCorpusWriter("corpus.nkc") as writer:
+            for batch in batches:
+                writer.append(batch)      # anything maxsim_pack_corpus takes, packed and written now
+        corpus = numkong.MaxSimPackedCorpus.load("corpus.nkc")
+
+    The file appears at `path` only when close() (or the end of the with block) finishes it, atomically,
+    as save() writes; an exception inside the block discards it. dtype, threads and capabilities are as
+    in maxsim_pack_corpus (dtype=None: the first document's format). Memory: one batch at a time.
+    """
+
+    def __init__(self, path, *, dtype=None, threads=None, capabilities=None, progress=None):
+        self._path = os.fspath(path)
+        restriction = _resolve_capabilities(capabilities, NK_CAPABILITIES_ANY)
+        directory = os.path.dirname(os.path.abspath(self._path))
+        handle, self._temporary = _tempfile.mkstemp(prefix="." + os.path.basename(self._path) + ".", suffix=".tmp",
+                                                    dir=directory)
+        self._file = open(handle, "w+b")
+        self._file.write(bytes(NK_CORPUS_DOCUMENTS_OFFSET))  # the header, written last
+        self._builder = _CorpusBuilder()
+        (<_CorpusBuilder>self._builder).setup(self._file, None if dtype is None else _dtype_name(dtype), restriction,
+                                              threads, _Progress(progress, None), 0)
+
+    @property
+    def documents(self):
+        """Documents appended so far."""
+        return (<_CorpusBuilder>self._builder).documents if self._builder is not None else 0
+
+    def append(self, documents, /, *, offsets=None, lengths=None, mask=None):
+        """Pack `documents` (anything maxsim_pack_corpus takes) and write them after the earlier ones."""
+        if self._builder is None:
+            raise ValueError("this MaxSimCorpusWriter is closed")
+        items, _, _ = _documents_of(documents, offsets, lengths, mask)
         try:
-            _pack_into(matrices[index], name, restriction, <void *>target.data, capacity, &target.info)
-        except ValueError as error:
-            raise ValueError(f"document {index}: {error}") from None
-    return corpus
+            (<_CorpusBuilder>self._builder).feed(items)
+        except BaseException:
+            self.abort()
+            raise
+
+    def close(self):
+        """Finish the file: table, checksum and header, flushed, synced and renamed to `path`."""
+        if self._builder is None:
+            return
+        try:
+            header = (<_CorpusBuilder>self._builder).finish_stream()
+            self._file.seek(0)
+            self._file.write(header)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.chmod(self._temporary, 0o666 & ~_UMASK)
+            os.replace(self._temporary, self._path)
+        except BaseException:
+            self.abort()
+            raise
+        self._builder = None
+        _sync_directory(os.path.dirname(os.path.abspath(self._path)))
+
+    def abort(self):
+        """Discard what was written (the temporary file); `path` is left as it was."""
+        if self._builder is None:
+            return
+        self._builder = None
+        self._file.close()
+        try:
+            os.unlink(self._temporary)
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+    def __del__(self):
+        if getattr(self, "_builder", None) is not None:
+            self.abort()
 
 
 cdef uint64_t _thread_count(object threads) except 0:

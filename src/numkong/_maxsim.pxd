@@ -77,6 +77,8 @@ cdef extern from "numkong/maxsim.h" nogil:
         uint64_t total_vectors
         uint64_t nbytes
         uint64_t capabilities
+        uint64_t table_offset
+        uint64_t checksum
         uint32_t dtype
 
     ctypedef struct nk_corpus_t:
@@ -84,14 +86,39 @@ cdef extern from "numkong/maxsim.h" nogil:
         nk_corpus_info_t info
         const nk_corpus_entry_t *table
 
+    ctypedef struct nk_checksum_t:
+        pass
+    void nk_checksum_init(nk_checksum_t *state)
+    void nk_checksum_update(nk_checksum_t *state, const void *data, uint64_t nbytes)
+    uint64_t nk_checksum_final(const nk_checksum_t *state)
+
+    uint64_t NK_CORPUS_DOCUMENTS_OFFSET
+    nk_status_t nk_corpus_plan(const uint64_t *lengths, uint64_t count, uint64_t depth, int dtype, uint64_t *end,
+                               nk_corpus_entry_t *entries)
+
+    ctypedef struct nk_pack_source_t:
+        const void *rows
+        int64_t row_stride
+        int dtype
+
+    nk_status_t nk_corpus_pack_documents(const nk_corpus_entry_t *entries, const nk_pack_source_t *sources,
+                                         uint64_t count, uint64_t depth, int dtype, uint64_t capabilities, void *out,
+                                         uint64_t out_offset, uint64_t out_nbytes, uint64_t threads,
+                                         uint64_t *bad_document, uint64_t *bad_row)
+    nk_status_t nk_corpus_table_place(uint64_t end, uint64_t documents, uint64_t *table_offset, uint64_t *nbytes)
+    void nk_corpus_header_write(const nk_corpus_info_t *info, void *header)
     nk_status_t nk_corpus_pack_size(const uint64_t *lengths, uint64_t documents, uint64_t depth, int dtype,
                                     uint64_t *nbytes)
-    nk_status_t nk_corpus_init(const uint64_t *lengths, uint64_t documents, uint64_t depth, int dtype,
-                               uint64_t capabilities, void *out, uint64_t out_nbytes, nk_corpus_t *corpus)
+    nk_status_t nk_corpus_finish(void *data, const nk_corpus_entry_t *entries, uint64_t documents, uint64_t depth,
+                                 int dtype, uint64_t capabilities, uint64_t table_offset, uint64_t nbytes,
+                                 nk_corpus_t *corpus)
     nk_maxsim_matrix_t nk_corpus_document(const nk_corpus_t *corpus, uint64_t index, uint64_t *nbytes)
     nk_status_t nk_corpus_header(const void *buf, uint64_t nbytes, nk_corpus_info_t *info)
-    nk_status_t nk_corpus_verify(const void *buf, const nk_corpus_info_t *info, nk_corpus_entry_t *table,
-                                 int verify_documents)
+    enum:
+        NK_CORPUS_VERIFY_LAYOUT
+        NK_CORPUS_VERIFY_CHECKSUM
+        NK_CORPUS_VERIFY_ALL
+    nk_status_t nk_corpus_verify(const void *buf, const nk_corpus_info_t *info, nk_corpus_entry_t *table, int level)
     nk_status_t nk_maxsim_score_corpus(const nk_maxsim_matrix_t *queries, uint64_t query_count,
                                        const nk_corpus_t *corpus, uint64_t capabilities, uint64_t threads,
                                        double *scores)
@@ -119,7 +146,8 @@ cdef class MaxSimPackedCorpus:
     # owns: corpus.table points to _table, never into the bytes.
     cdef nk_corpus_t corpus
     cdef nk_corpus_entry_t *_table
-    cdef void *_owned
+    cdef void *_owned               # page-aligned memory this object owns (see _corpus.pxi), or NULL
+    cdef uint64_t _owned_reserved
     cdef void *_mapping
     cdef uint64_t _mapping_bytes
     cdef bint _has_view

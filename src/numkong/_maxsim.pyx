@@ -71,11 +71,60 @@ cdef extern from *:
         munmap(view, nbytes);
     #endif
     }
+    /* Memory that grows in place: address space reserved up front (no memory behind it), committed
+     * as it fills, so a corpus of unknown final size is built without copying (and without holding
+     * twice its size). Page-aligned. */
+    typedef struct nk_region { char *base; size_t reserved, committed; } nk_region_t;
+    static int nk_region_reserve(nk_region_t *region, size_t bytes) {
+        region->committed = 0;
+        if (!bytes) bytes = 1;
+    #ifdef _WIN32
+        region->base = (char *)VirtualAlloc(NULL, bytes, MEM_RESERVE, PAGE_NOACCESS);
+    #else
+        void *base = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        region->base = base == MAP_FAILED ? NULL : (char *)base;
+    #ifdef MADV_HUGEPAGE
+        if (region->base && bytes >= ((size_t)2 << 20)) madvise(region->base, bytes, MADV_HUGEPAGE);
+    #endif
+    #endif
+        region->reserved = region->base ? bytes : 0;
+        return region->base != NULL;
+    }
+    /* Make the first `bytes` usable (growing in steps of at least 1/8 of what is there). */
+    static int nk_region_commit(nk_region_t *region, size_t bytes) {
+        if (bytes <= region->committed) return 1;
+        if (bytes > region->reserved) return 0;
+        size_t step = region->committed / 8 > ((size_t)1 << 20) ? region->committed / 8 : ((size_t)1 << 20);
+        size_t target = bytes + step < region->reserved && bytes + step > bytes ? bytes + step : region->reserved;
+    #ifdef _WIN32
+        if (!VirtualAlloc(region->base, target, MEM_COMMIT, PAGE_READWRITE)) return 0;
+    #else
+        if (mprotect(region->base, target, PROT_READ | PROT_WRITE) != 0) return 0;
+    #endif
+        region->committed = target;
+        return 1;
+    }
+    static void nk_region_release(nk_region_t *region) {
+        if (!region->base) return;
+    #ifdef _WIN32
+        VirtualFree(region->base, 0, MEM_RELEASE);
+    #else
+        munmap(region->base, region->reserved);
+    #endif
+        region->base = NULL, region->reserved = region->committed = 0;
+    }
     """
     void *nk_packed_alloc(size_t nbytes) nogil
     void nk_packed_free(void *data) nogil
     void *nk_map_file(int fd, size_t nbytes) nogil
     void nk_unmap_file(void *view, size_t nbytes) nogil
+    ctypedef struct nk_region_t:
+        char *base
+        size_t reserved
+        size_t committed
+    int nk_region_reserve(nk_region_t *region, size_t bytes) nogil
+    int nk_region_commit(nk_region_t *region, size_t bytes) nogil
+    void nk_region_release(nk_region_t *region) nogil
 
 
 class Capability(enum.IntFlag):

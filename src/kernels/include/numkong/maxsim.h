@@ -26,8 +26,10 @@ extern "C" {
  * screening steps. 3: the stored capability mask is the caller's restriction, NK_CAPABILITIES_ANY
  * when there is none. */
 #define NK_MAXSIM_FORMAT_VERSION 3u
-/* Version of the packed corpus format (same rules). 2: documents of format version 3. */
-#define NK_CORPUS_FORMAT_VERSION 2u
+/* Version of the packed corpus format (same rules). 3: documents first and the table after them
+ * (a corpus can be written before its document count is known), and a checksum of everything after
+ * the header. */
+#define NK_CORPUS_FORMAT_VERSION 3u
 
 /* Packing dtypes. The numeric codes are stored in packed buffers: never renumber. */
 typedef enum nk_dtype {
@@ -141,7 +143,13 @@ nk_status_t nk_maxsim_score_matrices(nk_maxsim_matrix_t const *queries, nk_maxsi
  * reads both headers, then scores as nk_maxsim_score_matrices. */
 nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t capabilities, double *result);
 
-/* ---- Packed corpora: many documents of different lengths in one portable buffer. ---- */
+/* ---- Packed corpora: many documents of different lengths in one portable buffer. ----
+ * Layout (format version 3): a 128-byte header; the documents, each a complete packed matrix at a
+ * 64-byte aligned offset, in order, the first at byte 128; the table (one nk_corpus_entry_t per
+ * document) at table_offset, the first aligned byte after the last document; zero padding to a
+ * multiple of 64 bytes. The header holds a checksum (nk_checksum) of bytes [128, nbytes). Because
+ * the table comes last, a corpus is built document by document (nk_corpus_plan, then
+ * nk_corpus_pack_documents, then nk_corpus_finish), in memory or streamed to a file. */
 
 typedef struct nk_corpus_entry {
     uint64_t offset;  /* byte offset of the document's packed matrix inside the corpus */
@@ -154,6 +162,8 @@ typedef struct nk_corpus_info {
     uint64_t total_vectors;
     uint64_t nbytes;
     uint64_t capabilities; /* as in nk_maxsim_info_t */
+    uint64_t table_offset;
+    uint64_t checksum;     /* of bytes [128, nbytes) */
     uint32_t dtype;
 } nk_corpus_info_t;
 
@@ -166,25 +176,70 @@ typedef struct nk_corpus {
     nk_corpus_entry_t const *table; /* info.documents entries */
 } nk_corpus_t;
 
+/* A 64-bit checksum of bytes, computed incrementally (init, any number of updates, final); the same
+ * value for any split of the same bytes. Fast (several GB/s), not cryptographic: it catches
+ * corruption, not forgery. */
+typedef struct nk_checksum {
+    uint64_t lanes[4];
+    uint64_t length;
+    uint8_t pending[32];
+    uint32_t pending_bytes;
+} nk_checksum_t;
+void nk_checksum_init(nk_checksum_t *state);
+void nk_checksum_update(nk_checksum_t *state, void const *data, uint64_t nbytes);
+uint64_t nk_checksum_final(nk_checksum_t const *state);
+
+/* Where `count` documents of lengths[0 .. count) go when the previous document ends at byte `end`
+ * (NK_CORPUS_DOCUMENTS_OFFSET for the first): fills entries[i] and moves *end past the last one.
+ * nk_error_empty_k for a 0-row document, nk_error_overflow_k when offsets overflow. */
+#define NK_CORPUS_DOCUMENTS_OFFSET 128u
+nk_status_t nk_corpus_plan(uint64_t const *lengths, uint64_t count, uint64_t depth, int dtype, uint64_t *end,
+                           nk_corpus_entry_t *entries);
+
+/* One document's source rows for nk_corpus_pack_documents: as nk_maxsim_pack() takes them. */
+typedef struct nk_pack_source {
+    void const *rows;
+    int64_t row_stride;
+    int dtype; /* the packing dtype itself, or nk_dtype_float64_k */
+} nk_pack_source_t;
+
+/* Pack documents with entries[0 .. count) (from nk_corpus_plan) from sources[0 .. count) into `out`,
+ * which holds corpus bytes [out_offset, out_offset + out_nbytes) (out 64-byte aligned, out_offset a
+ * multiple of 64), on up to `threads` threads. On nk_error_nonfinite_k, *bad_document and *bad_row
+ * say where. */
+nk_status_t nk_corpus_pack_documents(nk_corpus_entry_t const *entries, nk_pack_source_t const *sources, uint64_t count,
+                                     uint64_t depth, int dtype, uint64_t capabilities, void *out, uint64_t out_offset,
+                                     uint64_t out_nbytes, uint64_t threads, uint64_t *bad_document, uint64_t *bad_row);
+
+/* Where the table goes after documents ending at byte `end`, and the corpus's total size. */
+nk_status_t nk_corpus_table_place(uint64_t end, uint64_t documents, uint64_t *table_offset, uint64_t *nbytes);
+
+/* The 128-byte header of a finished corpus described by *info (documents, depth, total_vectors,
+ * nbytes, capabilities, table_offset, checksum, dtype). */
+void nk_corpus_header_write(nk_corpus_info_t const *info, void *header);
+
 /* Exact byte size of a corpus of documents with lengths[0 .. documents). */
 nk_status_t nk_corpus_pack_size(uint64_t const *lengths, uint64_t documents, uint64_t depth, int dtype,
                                 uint64_t *nbytes);
-/* Write the header and document table of a corpus into `out` (64-byte aligned) and describe it in
- * *corpus, whose table points into `out`. Every length must be at least 1 and documents >= 1
- * (nk_error_empty_k). Then pack each document with nk_maxsim_pack() into nk_corpus_document(). */
-nk_status_t nk_corpus_init(uint64_t const *lengths, uint64_t documents, uint64_t depth, int dtype,
-                           uint64_t capabilities, void *out, uint64_t out_nbytes, nk_corpus_t *corpus);
+/* Finish a corpus built in memory: `data` (64-byte aligned, nbytes from nk_corpus_table_place) holds the
+ * packed documents; write the table, the padding, the checksum and the header, and describe it in
+ * *corpus (its table points into `data`). */
+nk_status_t nk_corpus_finish(void *data, nk_corpus_entry_t const *entries, uint64_t documents, uint64_t depth, int dtype,
+                             uint64_t capabilities, uint64_t table_offset, uint64_t nbytes, nk_corpus_t *corpus);
 /* Document i of a validated corpus, as a matrix (its bytes and info), and its byte size. */
 nk_maxsim_matrix_t nk_corpus_document(nk_corpus_t const *corpus, uint64_t index, uint64_t *nbytes);
 /* Step 1 of loading untrusted bytes: validate the header alone and copy it into *info (so the table
  * size is known before the table is read). nk_error_corrupt_k, nk_error_version_k or
  * nk_error_empty_k (no documents) otherwise. */
 nk_status_t nk_corpus_header(void const *buf, uint64_t nbytes, nk_corpus_info_t *info);
-/* Step 2: copy the document table into `table` (info->documents entries, caller-owned), check it
- * against *info (offsets, lengths >= 1, sizes), and, when `verify_documents`, verify every document
- * (stored values and derived sections, as nk_maxsim_verify). Never re-reads the header. */
-nk_status_t nk_corpus_verify(void const *buf, nk_corpus_info_t const *info, nk_corpus_entry_t *table,
-                             int verify_documents);
+/* Step 2: copy the document table into `table` (info->documents entries, caller-owned) and check it
+ * against *info (offsets, lengths >= 1, sizes): enough for memory safety. Then by `level`:
+ * NK_CORPUS_VERIFY_LAYOUT no more; NK_CORPUS_VERIFY_CHECKSUM also the checksum of every byte after
+ * the header (fast: catches any corruption since it was written); NK_CORPUS_VERIFY_ALL also every
+ * document as nk_maxsim_verify does (values finite, derived sections equal to what packing gives).
+ * Never re-reads the header. */
+enum { NK_CORPUS_VERIFY_LAYOUT = 0, NK_CORPUS_VERIFY_CHECKSUM = 1, NK_CORPUS_VERIFY_ALL = 2 };
+nk_status_t nk_corpus_verify(void const *buf, nk_corpus_info_t const *info, nk_corpus_entry_t *table, int level);
 /* scores[i * documents + j] = MaxSim of queries[i] against document j (each bit-identical to
  * nk_maxsim_score_matrices on that pair), on up to `threads` threads (the caller's included, at most
  * NK_CORPUS_MAX_THREADS). Creates and joins its own threads; no other allocation. */
