@@ -246,11 +246,3 @@ def test_bad_input():
         nk.maxsim_packed_corpus(query, corpus, stream=1)
     with pytest.raises(TypeError):
         nk.MaxSimPackedCorpus()
-
-
-def test_dask_sharded_top_k_equals_single_process():
-    pytest.importorskip("dask.distributed")
-    run = subprocess.run([sys.executable, os.path.join(HERE, "..", "tools", "dask_topk.py")],
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "distributed top-10" in run.stdout
