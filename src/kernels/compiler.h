@@ -30,6 +30,13 @@ static __forceinline uint64_t nk_atomic_fetch_or_u64(uint64_t *at, uint64_t valu
     return (uint64_t)_InterlockedOr64((__int64 volatile *)at, (__int64)value);
 }
 static __forceinline uint64_t nk_atomic_load_u64(uint64_t *at) { return *(uint64_t volatile *)at; }
+/* If *at still holds *expected, replace it with `value` (1); else load it into *expected (0). */
+static __forceinline int nk_atomic_cas_u64(uint64_t *at, uint64_t *expected, uint64_t value) {
+    uint64_t seen = (uint64_t)_InterlockedCompareExchange64((__int64 volatile *)at, (__int64)value, (__int64)*expected);
+    if (seen == *expected) return 1;
+    *expected = seen;
+    return 0;
+}
 static __forceinline void nk_atomic_store_u64(uint64_t *at, uint64_t value) { *(uint64_t volatile *)at = value; }
 /* Set *at to `value` if it is still 0; whether this call set it. */
 static __forceinline int nk_atomic_set_if_zero_i32(int *at, int value) {
@@ -59,6 +66,10 @@ static inline uint64_t nk_atomic_fetch_or_u64(uint64_t *at, uint64_t value) {
     return __atomic_fetch_or(at, value, __ATOMIC_RELAXED);
 }
 static inline uint64_t nk_atomic_load_u64(uint64_t *at) { return __atomic_load_n(at, __ATOMIC_RELAXED); }
+/* If *at still holds *expected, replace it with `value` (1); else load it into *expected (0). */
+static inline int nk_atomic_cas_u64(uint64_t *at, uint64_t *expected, uint64_t value) {
+    return __atomic_compare_exchange_n(at, expected, value, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
 static inline void nk_atomic_store_u64(uint64_t *at, uint64_t value) { __atomic_store_n(at, value, __ATOMIC_RELAXED); }
 /* Set *at to `value` if it is still 0; whether this call set it. */
 static inline int nk_atomic_set_if_zero_i32(int *at, int value) {

@@ -5,6 +5,9 @@
 #include <pthread.h>
 #endif
 
+#include <math.h>
+#include <stdlib.h>
+
 #include "maxsim_internal.h"
 
 
@@ -421,6 +424,184 @@ nk_status_t nk_maxsim_score_corpus(nk_maxsim_matrix_t const *queries, uint64_t q
         nk_corpus_job_t job = {views, count, corpus, kernel, scores + batch * documents, 0, nk_ok_k};
         nk_run_threads(nk_corpus_worker, &job, threads, documents);
         if (job.status != nk_ok_k) return (nk_status_t)job.status;
+    }
+    return nk_ok_k;
+}
+
+/* ---- top-k: per thread and query, a max-heap of the k best (score, index) pairs seen; a shared cap
+ * per query (the lowest of the threads' k-th best, an upper bound of the global k-th best) lets a
+ * document stop as soon as it is proven worse. ---- */
+
+typedef struct nk_ranked {
+    double score;
+    int64_t index;
+} nk_ranked_t;
+
+/* a ranks after b: higher score, or the same score and a higher index. */
+static inline int nk_ranked_after(nk_ranked_t a, nk_ranked_t b) {
+    return a.score > b.score || (a.score == b.score && a.index > b.index);
+}
+
+/* A heap of at most k entries, the worst (latest-ranked) at entries[0]. */
+typedef struct nk_heap {
+    nk_ranked_t *entries;
+    uint64_t count, k;
+} nk_heap_t;
+
+static void nk_heap_offer(nk_heap_t *heap, nk_ranked_t item) {
+    nk_ranked_t *e = heap->entries;
+    uint64_t at;
+    if (heap->count < heap->k) { /* sift up */
+        at = heap->count++;
+        while (at && nk_ranked_after(item, e[(at - 1) / 2])) e[at] = e[(at - 1) / 2], at = (at - 1) / 2;
+        e[at] = item;
+        return;
+    }
+    if (!nk_ranked_after(e[0], item)) return; /* no better than the worst kept */
+    at = 0; /* sift down from the root */
+    for (;;) {
+        uint64_t child = 2 * at + 1;
+        if (child >= heap->count) break;
+        if (child + 1 < heap->count && nk_ranked_after(e[child + 1], e[child])) ++child;
+        if (!nk_ranked_after(e[child], item)) break;
+        e[at] = e[child], at = child;
+    }
+    e[at] = item;
+}
+
+static int nk_ranked_compare(void const *a, void const *b) {
+    nk_ranked_t x = *(nk_ranked_t const *)a, y = *(nk_ranked_t const *)b;
+    return nk_ranked_after(x, y) ? 1 : nk_ranked_after(y, x) ? -1 : 0;
+}
+
+typedef struct nk_top_k_job {
+    nk_maxsim_view_t const *queries;
+    uint64_t query_count, k;
+    nk_corpus_t const *corpus;
+    nk_maxsim_kernel_t kernel;
+    nk_ranked_t *heaps;   /* [thread][query][k] */
+    uint64_t *counts;     /* [thread][query] */
+    uint64_t *caps;       /* [query]: the bits of a double, atomic */
+    uint64_t next, next_thread; /* atomic */
+    int status;           /* atomic */
+} nk_top_k_job_t;
+
+static inline double nk_bits_to_double(uint64_t bits) {
+    double value;
+    memcpy(&value, &bits, sizeof(value));
+    return value;
+}
+
+static inline uint64_t nk_double_to_bits(double value) {
+    uint64_t bits;
+    memcpy(&bits, &value, sizeof(bits));
+    return bits;
+}
+
+/* Lower the shared cap of a query to `value` if that is lower (a relaxed compare-and-swap loop; the
+ * cap only falls, so a stale read only prunes less). Non-negative doubles order as their bits. */
+static void nk_cap_lower(uint64_t *cap, double value) {
+    uint64_t bits = nk_double_to_bits(value), seen = nk_atomic_load_u64(cap);
+    while (bits < seen && !nk_atomic_cas_u64(cap, &seen, bits)) {
+    }
+}
+
+static void *nk_top_k_worker(void *argument) {
+    nk_top_k_job_t *job = (nk_top_k_job_t *)argument;
+    uint64_t documents = job->corpus->info.documents, thread = nk_atomic_fetch_add_u64(&job->next_thread, 1);
+    nk_ranked_t *heaps = job->heaps + thread * job->query_count * job->k;
+    uint64_t *counts = job->counts + thread * job->query_count;
+    for (;;) {
+        uint64_t first = nk_atomic_fetch_add_u64(&job->next, NK_CORPUS_CLAIM);
+        if (first >= documents) return NULL;
+        uint64_t end = documents - first < NK_CORPUS_CLAIM ? documents : first + NK_CORPUS_CLAIM;
+        nk_maxsim_view_t current, next;
+        nk_corpus_view(job->corpus, first, &next);
+        for (uint64_t document = first; document < end; ++document) {
+            current = next;
+            if (document + 1 < end) {
+                nk_corpus_view(job->corpus, document + 1, &next);
+                nk_corpus_prefetch(&next);
+            }
+            for (uint64_t i = 0; i < job->query_count; ++i) { /* every query while the document is in cache */
+                nk_maxsim_view_t query = job->queries[i];
+                query.stop_above = nk_bits_to_double(nk_atomic_load_u64(&job->caps[i]));
+                double score;
+                nk_status_t status = nk_maxsim_score_views(job->kernel, &query, &current, &score);
+                if (status != nk_ok_k) {
+                    nk_atomic_set_if_zero_i32(&job->status, (int)status);
+                    continue;
+                }
+                if (score > query.stop_above) continue; /* proven out of the k best */
+                nk_heap_t heap = {heaps + i * job->k, counts[i], job->k};
+                nk_heap_offer(&heap, (nk_ranked_t){score, (int64_t)document});
+                counts[i] = heap.count;
+                if (heap.count == job->k) nk_cap_lower(&job->caps[i], heap.entries[0].score);
+            }
+        }
+    }
+}
+
+uint64_t nk_corpus_top_k_scratch_bytes(uint64_t query_count, uint64_t threads, uint64_t k) {
+    if (threads < 1) threads = 1;
+    if (threads > NK_CORPUS_MAX_THREADS) threads = NK_CORPUS_MAX_THREADS;
+    uint64_t batch = query_count < NK_CORPUS_QUERY_BATCH ? query_count : NK_CORPUS_QUERY_BATCH, heaps, bytes;
+    if (!nk_u64_mul(threads * batch, k, &heaps) || !nk_u64_mul(heaps, sizeof(nk_ranked_t), &bytes)) return UINT64_MAX;
+    return bytes + threads * batch * sizeof(uint64_t) + batch * sizeof(uint64_t);
+}
+
+nk_status_t nk_maxsim_top_k_corpus(nk_maxsim_matrix_t const *queries, uint64_t query_count, nk_corpus_t const *corpus,
+                                   uint64_t capabilities, uint64_t threads, uint64_t k, void *scratch,
+                                   uint64_t scratch_bytes, int64_t *indices, double *scores) {
+    if ((query_count && (!queries || !indices || !scores)) || !corpus || !corpus->data || !corpus->table ||
+        (!scratch && query_count))
+        return nk_error_argument_k;
+    uint64_t documents = corpus->info.documents;
+    if (documents == 0) return nk_error_empty_k;
+    if (k < 1 || k > documents) return nk_error_argument_k;
+    if (threads < 1) threads = 1;
+    if (threads > NK_CORPUS_MAX_THREADS) threads = NK_CORPUS_MAX_THREADS;
+    if (scratch_bytes < nk_corpus_top_k_scratch_bytes(query_count, threads, k)) return nk_error_buffer_small_k;
+    for (uint64_t i = 0; i < query_count; ++i) {
+        if (!queries[i].data) return nk_error_argument_k;
+        if (queries[i].info.dtype != corpus->info.dtype) return nk_error_dtype_mismatch_k;
+        if (queries[i].info.depth != corpus->info.depth) return nk_error_depth_mismatch_k;
+    }
+    nk_maxsim_kernel_t kernel = nk_maxsim_kernel_for(capabilities, corpus->info.depth);
+    uint64_t helpers = threads > documents ? documents : threads; /* the threads nk_run_threads starts */
+    nk_maxsim_view_t views[NK_CORPUS_QUERY_BATCH];
+    for (uint64_t batch = 0; batch < query_count; batch += NK_CORPUS_QUERY_BATCH) {
+        uint64_t count = query_count - batch < NK_CORPUS_QUERY_BATCH ? query_count - batch : NK_CORPUS_QUERY_BATCH;
+        for (uint64_t i = 0; i < count; ++i) nk_maxsim_view_init(&queries[batch + i], &views[i]);
+        nk_ranked_t *heaps = (nk_ranked_t *)scratch;
+        uint64_t *counts = (uint64_t *)(void *)(heaps + helpers * count * k), *caps = counts + helpers * count;
+        memset(counts, 0, (size_t)(helpers * count * sizeof(uint64_t)));
+        for (uint64_t i = 0; i < count; ++i) caps[i] = nk_double_to_bits(INFINITY);
+        nk_top_k_job_t job = {views, count, k, corpus, kernel, heaps, counts, caps, 0, 0, nk_ok_k};
+        nk_run_threads(nk_top_k_worker, &job, helpers, documents);
+        if (job.status != nk_ok_k) return (nk_status_t)job.status;
+        /* Every thread's k best of each query together hold the query's k best: sort them in place
+         * (the heaps of one query are not adjacent, so gather them first into the first heap's row). */
+        uint64_t started = job.next_thread;
+        for (uint64_t i = 0; i < count; ++i) {
+            nk_ranked_t *merged = heaps + i * k; /* thread 0's heap of query i ... */
+            uint64_t total = counts[i];
+            nk_ranked_t *pool = merged;
+            /* ... holds k; gather the other threads' entries after the k best found so far */
+            for (uint64_t t = 1; t < started; ++t) {
+                nk_ranked_t const *other = heaps + (t * count + i) * k;
+                for (uint64_t c = 0; c < counts[t * count + i]; ++c) {
+                    nk_heap_t keep = {pool, total, k};
+                    nk_heap_offer(&keep, other[c]);
+                    total = keep.count;
+                }
+            }
+            qsort(pool, (size_t)total, sizeof(nk_ranked_t), nk_ranked_compare);
+            for (uint64_t c = 0; c < k; ++c) {
+                indices[(batch + i) * k + c] = c < total ? pool[c].index : -1;
+                scores[(batch + i) * k + c] = c < total ? pool[c].score : INFINITY;
+            }
+        }
     }
     return nk_ok_k;
 }

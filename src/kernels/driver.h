@@ -32,8 +32,10 @@
  *                         nk_maxsim_view_t const *d, uint64_t first_doc, uint64_t docs, float *u, int32_t *top)
  *       Step 1 for documents [first_doc, first_doc + docs) (first_doc a multiple of NK_DRIVER_BLOCK):
  *       u[r * NK_DRIVER_BLOCK + j] for r < rows, j < docs, with b_r = growth[r], and -inf for
- *       docs <= j < docs rounded up to 16; top[r] in [0, docs), or -1 when the row has no finite u.
- *       The family may use u as scratch until it returns.
+ *       docs <= j < docs rounded up to 16; top[r] in [0, docs), or -1 when the row has no finite u,
+ *       naming a u at most 2^-16 |u| below the row's largest (what tagging a u's low 6 mantissa bits
+ *       with its tile loses); the driver bounds the row from it. The family may use u as scratch until
+ *       it returns.
  *   unsigned nk_family_scan(float const *row_u, uint64_t *tile, uint64_t tiles, float cut,
  *                           float *list_u, int32_t *list_doc, unsigned capacity)
  *       Append the documents of 16-document tiles [*tile, tiles) whose u >= cut (their u and
@@ -313,6 +315,48 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
     (void)decoded_row;
 }
 
+/* A lower bound on the distances of a group's rows from one block of screening bounds that covers all
+ * of the documents: each live row's best cosine is at most s_q (u[top] + margin) + a, margin covering
+ * how far below the row's largest u its named top may be; a zero row contributes 1. */
+static double nk_driver_screened_bound(nk_driver_group_t const *g, float const *u, int32_t const *top) {
+    double bound = 0.0;
+    for (unsigned r = 0; r < g->rows; ++r) {
+        if (!(g->live >> r & 1)) {
+            bound += 1.0;
+            continue;
+        }
+        if (top[r] < 0) continue;
+        double largest = u[(uint64_t)r * NK_DRIVER_BLOCK + (uint64_t)top[r]];
+        largest += fabs(largest) * 0x1p-15 + 0x1p-120;
+        double distance = 1.0 - (largest / g->inv_scale[r] + g->offset[r]) - 0x1p-40; /* rounding, generously */
+        if (distance > 0.0) bound += distance;
+    }
+    return bound;
+}
+
+/* Top-k: screen every group of a document that fits one block, without rescoring anything, and add
+ * up the screening bounds; a sum above q->stop_above proves the document out (it is returned). Most
+ * documents of a top-k search end here, at the cost of the screening alone; the others are scored
+ * exactly afterwards (0 is returned). */
+static double nk_driver_bound_pass(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, float *u, int32_t *top,
+                                   nk_family_query_t *query, nk_driver_group_t *group) {
+    double bound = 0.0;
+    for (uint64_t first = 0; first < q->vectors; first += NK_DRIVER_ROWS) {
+        uint64_t rows = q->vectors - first < NK_DRIVER_ROWS ? q->vectors - first : NK_DRIVER_ROWS;
+        nk_driver_group_init(q, first, rows, group);
+        if (!group->live) {
+            bound += (double)rows;
+        }
+        else {
+            nk_family_prepare(q, d, first, rows, query);
+            nk_family_screen(query, group->growth, rows, d, 0, d->vectors, u, top);
+            bound += nk_driver_screened_bound(group, u, top);
+        }
+        if (bound > q->stop_above) return bound;
+    }
+    return 0.0;
+}
+
 static double nk_driver_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     _Alignas(64) float u[NK_DRIVER_ROWS * NK_DRIVER_BLOCK];
     _Alignas(64) double decoded_row[NK_DRIVER_DECODED_DEPTH];
@@ -321,6 +365,10 @@ static double nk_driver_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t const
     nk_driver_group_t group;
     nk_driver_lists_t lists;
     double total = 0.0;
+    if (q->stop_above < INFINITY && d->vectors <= NK_DRIVER_BLOCK) {
+        double bound = nk_driver_bound_pass(q, d, u, top, &query, &group);
+        if (bound > q->stop_above) return bound;
+    }
     for (uint64_t first = 0; first < q->vectors; first += NK_DRIVER_ROWS) {
         uint64_t rows = q->vectors - first < NK_DRIVER_ROWS ? q->vectors - first : NK_DRIVER_ROWS;
         nk_driver_group_init(q, first, rows, &group);
@@ -333,6 +381,7 @@ static double nk_driver_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t const
             }
         }
         for (uint64_t r = 0; r < rows; ++r) total += nk_row_distance(q->inv_norms[first + r], group.best[r]);
+        if (total > q->stop_above) return total; /* every row adds at least 0: a top-k caller needs no more */
     }
     return total;
 }

@@ -91,6 +91,7 @@ typedef struct nk_maxsim_view {
     float const *screen_errors;
     int32_t const *screen_sums;
     int cold; /* a hint: the rows come from memory (a corpus), so prefetching candidate rows pays */
+    double stop_above; /* queries only: a kernel may stop once the result is proven above this (top-k) */
 } nk_maxsim_view_t;
 
 /* Kernel contract (kernels are reached through nk_maxsim_score, which probes the CPU first: the
@@ -98,7 +99,10 @@ typedef struct nk_maxsim_view {
  * instruction): q and d share dtype and depth, q->vectors >= 0, d->vectors >= 1.
  * Returns sum over query rows of max(0, 1 - max over document rows of cos), where every cosine
  * that decides the maximum is computed as (float64 sum of decoded products) * inv_q * inv_d.
- * A zero query row (inv_norm 0) contributes exactly 1. No allocation, no global state. */
+ * A zero query row (inv_norm 0) contributes exactly 1. No allocation, no global state.
+ * Early exit: once a proven lower bound on the result exceeds q->stop_above (+inf unless a top-k
+ * caller sets it), a kernel may return any value above q->stop_above instead; every row's distance is
+ * at least 0, so an exact partial sum of rows is such a bound, and so is a sum from screening bounds. */
 typedef double (*nk_maxsim_kernel_t)(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 
 double nk_maxsim_serial(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);

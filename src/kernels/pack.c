@@ -80,6 +80,7 @@ void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *vie
     view->screen_errors = (float const *)(base + h.screen_errors_offset);
     view->screen_sums = (int32_t const *)(base + h.screen_sums_offset);
     view->cold = 0;
+    view->stop_above = INFINITY;
 }
 
 void const *nk_maxsim_values(nk_maxsim_matrix_t const *matrix) {

@@ -33,6 +33,7 @@ double nk_maxsim_serial(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
             if (cos > best) best = cos;
         }
         total += nk_row_distance(inv_q, best);
+        if (total > q->stop_above) return total; /* a top-k caller needs no more */
     }
     return total;
 }

@@ -821,7 +821,9 @@ def maxsim_packed_corpus(queries, corpus, /, *, top_k=None, threads=None, capabi
     queries: one MaxSimPackedMatrix -> scores of shape [documents]; a sequence of them -> [len(queries),
        documents]. Each score equals maxsim_packed(query, document) exactly (lower is better).
     top_k: None, or k in 1 .. documents: returns (indices, scores) of the k best documents per query,
-       lowest score first, ties by ascending index (int64 and float64 arrays).
+       lowest score first, ties by ascending index (int64 and float64 arrays), the same as scoring every
+       document and sorting; a document stops as soon as its exact partial sum or its screening bounds
+       prove it out of a query's current k best, so this is faster than scores plus a sort.
     threads: worker threads (default: every core this process may use); the GIL is released.
     capabilities: defaults to the families the corpus and the queries were packed for.
     """
@@ -852,19 +854,30 @@ def maxsim_packed_corpus(queries, corpus, /, *, top_k=None, threads=None, capabi
             raise TypeError(f"top_k must be a positive int or None, not {type(top_k).__name__}") from None
         if top_k <= 0 or top_k > documents:
             raise ValueError(f"top_k must be between 1 and the corpus's {documents} documents, got {top_k}")
-    scores = np.empty((len(query_list), documents), dtype=np.float64)
+    cdef uint64_t n_queries = len(query_list), i, k = 0 if top_k is None else top_k, scratch_bytes = 0
+    cdef nk_status_t status
+    scores = np.empty((n_queries, k if top_k is not None else documents), dtype=np.float64)
+    indices = np.empty((n_queries, k), dtype=np.int64)
     cdef double[:, ::1] out = scores
-    cdef uint64_t n_queries = len(query_list), i
+    cdef int64_t[:, ::1] ranks = indices
+    if top_k is not None:
+        scratch_bytes = nk_corpus_top_k_scratch_bytes(n_queries, n_threads, k)
+        scratch = _aligned_bytes(scratch_bytes)
+    cdef void *scratch_at = NULL if top_k is None else <void *><uintptr_t>scratch.__array_interface__["data"][0]
     cdef nk_maxsim_matrix_t *matrices = <nk_maxsim_matrix_t *>malloc(max(n_queries, 1) * sizeof(nk_maxsim_matrix_t))
     if matrices == NULL:
         raise MemoryError("cannot allocate the query table")
-    cdef nk_status_t status
     try:
         for i in range(n_queries):
             matrices[i] = (<MaxSimPackedMatrix>query_list[i]).matrix
         with nogil:
-            status = nk_maxsim_score_corpus(matrices, n_queries, &packed_corpus.corpus, mask, n_threads,
-                                            &out[0, 0] if out.shape[0] else NULL)
+            if k:
+                status = nk_maxsim_top_k_corpus(matrices, n_queries, &packed_corpus.corpus, mask, n_threads, k,
+                                                scratch_at, scratch_bytes, &ranks[0, 0] if n_queries else NULL,
+                                                &out[0, 0] if n_queries else NULL)
+            else:
+                status = nk_maxsim_score_corpus(matrices, n_queries, &packed_corpus.corpus, mask, n_threads,
+                                                &out[0, 0] if out.shape[0] else NULL)
     finally:
         free(matrices)
     if status != nk_ok_k:
@@ -878,9 +891,7 @@ def maxsim_packed_corpus(queries, corpus, /, *, top_k=None, threads=None, capabi
                             "left_depth": first.depth, "right_depth": packed_corpus.depth,
                             "left_dtype": first.dtype, "right_dtype": packed_corpus.dtype, "empty": _CORPUS_EMPTY})
     if top_k is not None:
-        order = np.argsort(scores, axis=1, kind="stable")[:, :top_k]  # stable: ties by index
-        best = np.take_along_axis(scores, order, axis=1)
-        return (order[0], best[0]) if single else (order, best)
+        return (indices[0], scores[0]) if single else (indices, scores)
     return scores[0] if single else scores
 
 

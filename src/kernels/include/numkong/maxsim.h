@@ -246,6 +246,16 @@ nk_status_t nk_corpus_verify(void const *buf, nk_corpus_info_t const *info, nk_c
 nk_status_t nk_maxsim_score_corpus(nk_maxsim_matrix_t const *queries, uint64_t query_count, nk_corpus_t const *corpus,
                                    uint64_t capabilities, uint64_t threads, double *scores);
 
+/* The k best documents of each query: indices[i * k + c] and scores[i * k + c] for c < k, lowest MaxSim
+ * first, ties by lower index; the same as scoring every document and sorting, but a document whose
+ * exact partial sum or screening bounds already prove it out of a query's current k best stops early.
+ * 1 <= k <= documents. `scratch` (64-byte aligned) holds nk_corpus_top_k_scratch_bytes(query_count,
+ * threads, k) bytes. */
+uint64_t nk_corpus_top_k_scratch_bytes(uint64_t query_count, uint64_t threads, uint64_t k);
+nk_status_t nk_maxsim_top_k_corpus(nk_maxsim_matrix_t const *queries, uint64_t query_count, nk_corpus_t const *corpus,
+                                   uint64_t capabilities, uint64_t threads, uint64_t k, void *scratch,
+                                   uint64_t scratch_bytes, int64_t *indices, double *scores);
+
 /* Families compiled into this build. */
 uint64_t nk_capabilities_compiled(void);
 /* Families this CPU and OS support (probed once, cached), including serial. */
