@@ -17,17 +17,37 @@
 /* A document "quad" is 16 bytes of a tile: depths 4g..4g+3 of 4 consecutive rows. One 16-byte load
  * of the query words holds 4 query rows, and UDOT by lane broadcasts each against a document quad. */
 
-/* Up to 16 bytes of a quad; only the last quad of the last (partial) tile is short. */
-NK_INLINE uint8x16_t nk_neon_load_quad(uint8_t const *source, unsigned bytes) {
-    if (bytes == 16) return vld1q_u8(source);
+/* The last quad of a partial tile, through a zero-padded copy. */
+NK_INLINE uint8x16_t nk_neon_load_short_quad(uint8_t const *source, unsigned bytes) {
     uint8_t padded[16] = {0};
     memcpy(padded, source, bytes);
     return vld1q_u8(padded);
 }
 
+/* One depth group: 8 query rows (32 bytes at `query`) against 1 or 2 document quads. Lane indices
+ * must be immediates, hence the spelled-out rows. */
+NK_INLINE void nk_neon_step(uint32x4_t acc0[NK_ARM_ROWS], uint32x4_t acc1[NK_ARM_ROWS], uint8x16_t doc0,
+                            uint8x16_t doc1, uint8_t const *query, int const quads) {
+    uint8x16_t rows_low = vld1q_u8(query), rows_high = vld1q_u8(query + 16);
+#define NK_NEON_ROW(r, rows, lane)                                                                             \
+    acc0[r] = vdotq_laneq_u32(acc0[r], doc0, rows, lane);                                                      \
+    if (quads > 1) acc1[r] = vdotq_laneq_u32(acc1[r], doc1, rows, lane);
+    NK_NEON_ROW(0, rows_low, 0)
+    NK_NEON_ROW(1, rows_low, 1)
+    NK_NEON_ROW(2, rows_low, 2)
+    NK_NEON_ROW(3, rows_low, 3)
+    NK_NEON_ROW(4, rows_high, 0)
+    NK_NEON_ROW(5, rows_high, 1)
+    NK_NEON_ROW(6, rows_high, 2)
+    NK_NEON_ROW(7, rows_high, 3)
+#undef NK_NEON_ROW
+}
+
 /* Raw sums (neon_shared.h) of the 8 query rows with the documents of `quads` (1 or 2) quads at `doc`,
  * over `groups` depth groups `doc_stride` bytes apart, into (or added to) sums[r * BLOCK + lane]; the
- * last quad holds `last_bytes` valid bytes. 8 x 2 accumulators + 4 operands fit the 32 registers. */
+ * last quad holds `last_bytes` valid bytes. A short last quad is read whole but for the last group:
+ * its 16 bytes then end inside the next depth group of the same tile, and the lanes they fill are
+ * past the matrix, never read by the epilogue. 8 x 2 accumulators + 4 operands fit the 32 registers. */
 NK_INLINE void nk_neon_screen_quads(uint8_t const *query, uint64_t groups, uint8_t const *doc, uint64_t doc_stride,
                                     int const quads, unsigned const last_bytes, int accumulate,
                                     uint32_t const *start, float *sums) {
@@ -38,23 +58,13 @@ NK_INLINE void nk_neon_screen_quads(uint8_t const *query, uint64_t groups, uint8
         acc0[r] = accumulate ? vreinterpretq_u32_f32(vld1q_f32(row)) : vdupq_n_u32(start[r]);
         acc1[r] = accumulate && quads > 1 ? vreinterpretq_u32_f32(vld1q_f32(row + 4)) : vdupq_n_u32(start[r]);
     }
-    for (uint64_t g = 0; g < groups; ++g, doc += doc_stride, query += 4 * NK_ARM_ROWS) {
-        uint8x16_t doc0 = nk_neon_load_quad(doc, quads == 1 ? last_bytes : 16);
-        uint8x16_t doc1 = quads > 1 ? nk_neon_load_quad(doc + 16, last_bytes) : vdupq_n_u8(0);
-        uint8x16_t rows_low = vld1q_u8(query), rows_high = vld1q_u8(query + 16);
-        /* Lane indices must be immediates, hence the spelled-out rows. */
-#define NK_NEON_ROW(r, rows, lane)                                                                             \
-    acc0[r] = vdotq_laneq_u32(acc0[r], doc0, rows, lane);                                                      \
-    if (quads > 1) acc1[r] = vdotq_laneq_u32(acc1[r], doc1, rows, lane);
-        NK_NEON_ROW(0, rows_low, 0)
-        NK_NEON_ROW(1, rows_low, 1)
-        NK_NEON_ROW(2, rows_low, 2)
-        NK_NEON_ROW(3, rows_low, 3)
-        NK_NEON_ROW(4, rows_high, 0)
-        NK_NEON_ROW(5, rows_high, 1)
-        NK_NEON_ROW(6, rows_high, 2)
-        NK_NEON_ROW(7, rows_high, 3)
-#undef NK_NEON_ROW
+    uint64_t whole = last_bytes == 16 ? groups : groups - 1; /* groups >= 1 */
+    for (uint64_t g = 0; g < whole; ++g, doc += doc_stride, query += 4 * NK_ARM_ROWS)
+        nk_neon_step(acc0, acc1, vld1q_u8(doc), quads > 1 ? vld1q_u8(doc + 16) : vdupq_n_u8(0), query, quads);
+    if (last_bytes < 16) {
+        uint8x16_t doc0 = quads > 1 ? vld1q_u8(doc) : nk_neon_load_short_quad(doc, last_bytes);
+        uint8x16_t doc1 = quads > 1 ? nk_neon_load_short_quad(doc + 16, last_bytes) : vdupq_n_u8(0);
+        nk_neon_step(acc0, acc1, doc0, doc1, query, quads);
     }
 #pragma GCC unroll 8
     for (unsigned r = 0; r < NK_ARM_ROWS; ++r) {
