@@ -24,22 +24,14 @@ NK_INLINE uint8x16_t nk_neon_load_short_quad(uint8_t const *source, unsigned byt
     return vld1q_u8(padded);
 }
 
-/* One depth group: 8 query rows (32 bytes at `query`) against 1 or 2 document quads. Lane indices
- * must be immediates, hence the spelled-out rows. */
+/* One depth group: 8 query rows (32 bytes at `query`) against 1 or 2 document quads. */
 NK_INLINE void nk_neon_step(uint32x4_t acc0[NK_ARM_ROWS], uint32x4_t acc1[NK_ARM_ROWS], uint8x16_t doc0,
                             uint8x16_t doc1, uint8_t const *query, int const quads) {
     uint8x16_t rows_low = vld1q_u8(query), rows_high = vld1q_u8(query + 16);
 #define NK_NEON_ROW(r, rows, lane)                                                                             \
     acc0[r] = vdotq_laneq_u32(acc0[r], doc0, rows, lane);                                                      \
     if (quads > 1) acc1[r] = vdotq_laneq_u32(acc1[r], doc1, rows, lane);
-    NK_NEON_ROW(0, rows_low, 0)
-    NK_NEON_ROW(1, rows_low, 1)
-    NK_NEON_ROW(2, rows_low, 2)
-    NK_NEON_ROW(3, rows_low, 3)
-    NK_NEON_ROW(4, rows_high, 0)
-    NK_NEON_ROW(5, rows_high, 1)
-    NK_NEON_ROW(6, rows_high, 2)
-    NK_NEON_ROW(7, rows_high, 3)
+    NK_ARM_EACH_ROW(NK_NEON_ROW, rows_low, rows_high)
 #undef NK_NEON_ROW
 }
 

@@ -37,6 +37,14 @@ typedef struct nk_arm_group {
     int words_ready; /* the whole depth is in `words` (one chunk) */
 } nk_arm_group_t;
 
+/* The group's rows as UDOT-by-lane operands: a depth group's 32 bytes of words are two 16-byte vectors,
+ * and row r is lane r % 4 of vector r / 4. Lane indices must be immediates, so micro-kernels spell the
+ * rows out: STEP(r, vector, lane) for each row. */
+#define NK_ARM_EACH_ROW(STEP, low, high)                                                                       \
+    STEP(0, low, 0) STEP(1, low, 1) STEP(2, low, 2) STEP(3, low, 3)                                            \
+    STEP(4, high, 0) STEP(5, high, 1) STEP(6, high, 2) STEP(7, high, 3)
+_Static_assert(NK_ARM_ROWS == 8, "NK_ARM_EACH_ROW spells out 8 rows");
+
 /* Stored words of query rows [first, first + 8) for depth groups [g0, g0 + groups), [group][row].
  * first is a multiple of 8, so the rows are adjacent lanes of one query tile: one copy of 4 x present
  * bytes per depth group. Rows past the end are zero. */

@@ -67,19 +67,12 @@ NK_INLINE void nk_sve_screen_pair(uint8_t const *screen, nk_sve_column_t const *
     uint64_t stride_a = a->stride, stride_b = b ? b->stride : 0;
     float *out_a = sums + a->first, *out_b = b ? sums + b->first : out_a;
     /* Sizeless SVE types cannot live in arrays, hence the spelled-out rows. */
-#define NK_SVE_INIT(r)                                                                                         \
-    svuint32_t acc_a##r = accumulate ? svreinterpret_u32_f32(svld1_f32(keep_a, out_a + r * NK_ARM_BLOCK_DOCS))  \
+#define NK_SVE_INIT(r, rows, lane)                                                                             \
+    svuint32_t acc_a##r = accumulate ? svreinterpret_u32_f32(svld1_f32(keep_a, out_a + r * NK_ARM_BLOCK_DOCS)) \
                                      : svdup_n_u32(start[r]);                                                  \
-    svuint32_t acc_b##r = accumulate ? svreinterpret_u32_f32(svld1_f32(keep_b, out_b + r * NK_ARM_BLOCK_DOCS))  \
+    svuint32_t acc_b##r = accumulate ? svreinterpret_u32_f32(svld1_f32(keep_b, out_b + r * NK_ARM_BLOCK_DOCS)) \
                                      : svdup_n_u32(start[r]);
-    NK_SVE_INIT(0)
-    NK_SVE_INIT(1)
-    NK_SVE_INIT(2)
-    NK_SVE_INIT(3)
-    NK_SVE_INIT(4)
-    NK_SVE_INIT(5)
-    NK_SVE_INIT(6)
-    NK_SVE_INIT(7)
+    NK_ARM_EACH_ROW(NK_SVE_INIT, _, _)
 #undef NK_SVE_INIT
     svbool_t all = svptrue_b8();
     for (uint64_t g = 0; g < groups; ++g, doc_a += stride_a, doc_b += stride_b, query += 4 * NK_ARM_ROWS) {
@@ -89,27 +82,13 @@ NK_INLINE void nk_sve_screen_pair(uint8_t const *screen, nk_sve_column_t const *
 #define NK_SVE_ROW(r, rows, lane)                                                                              \
     acc_a##r = svdot_lane_u32(acc_a##r, bytes_a, rows, lane);                                                  \
     acc_b##r = svdot_lane_u32(acc_b##r, bytes_b, rows, lane);
-        NK_SVE_ROW(0, rows_low, 0)
-        NK_SVE_ROW(1, rows_low, 1)
-        NK_SVE_ROW(2, rows_low, 2)
-        NK_SVE_ROW(3, rows_low, 3)
-        NK_SVE_ROW(4, rows_high, 0)
-        NK_SVE_ROW(5, rows_high, 1)
-        NK_SVE_ROW(6, rows_high, 2)
-        NK_SVE_ROW(7, rows_high, 3)
+        NK_ARM_EACH_ROW(NK_SVE_ROW, rows_low, rows_high)
 #undef NK_SVE_ROW
     }
-#define NK_SVE_STORE(r)                                                                                        \
+#define NK_SVE_STORE(r, rows, lane)                                                                            \
     svst1_f32(keep_a, out_a + r * NK_ARM_BLOCK_DOCS, svreinterpret_f32_u32(acc_a##r));                         \
     svst1_f32(keep_b, out_b + r * NK_ARM_BLOCK_DOCS, svreinterpret_f32_u32(acc_b##r));
-    NK_SVE_STORE(0)
-    NK_SVE_STORE(1)
-    NK_SVE_STORE(2)
-    NK_SVE_STORE(3)
-    NK_SVE_STORE(4)
-    NK_SVE_STORE(5)
-    NK_SVE_STORE(6)
-    NK_SVE_STORE(7)
+    NK_ARM_EACH_ROW(NK_SVE_STORE, _, _)
 #undef NK_SVE_STORE
 }
 
