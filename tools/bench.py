@@ -469,6 +469,10 @@ def main():
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--pylate-only", action="store_true",
                         help="only the PyLate reranking comparison (needs pylate and torch)")
+    parser.add_argument("--corpus", action="store_true",
+                        help="only the corpora at scale (10k and 100k documents: packing, loading, top-k search; "
+                             "tools/bench_scale.py)")
+    parser.add_argument("--corpus-sizes", default="10000,100000", help="document counts for --corpus")
     parser.add_argument("--corpus-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.kept_families = CPU_CLASSES[:CPU_CLASSES.index(args.cpu_class) + 1] if args.cpu_class else None
@@ -482,6 +486,13 @@ def main():
         records = {"corpus": corpus_cases(args.rounds, args.target), "pylate": pylate_cases(args.rounds, args.target)}
         with open(args.corpus_worker, "w") as file:
             json.dump(records, file)
+    elif args.corpus:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bench_scale import scale_cases
+        records = scale_cases(tuple(int(size) for size in args.corpus_sizes.split(",")))
+        if args.json:
+            with open(args.json, "w") as file:
+                json.dump({"scale": records}, file, indent=1)
     elif args.pylate_only:
         records = pylate_cases(args.rounds, args.target)
         if args.json:
