@@ -110,14 +110,18 @@ def worker():
         request = json.loads(line)
         try:
             if request["op"] == "keep":  # switch off every family not named
-                for name, enabled in dict(nk.get_capabilities()).items():
-                    if enabled and name not in request["families"]:
-                        nk.disable_capability(name)
+                if hasattr(nk, "disable_capability"):  # numkong 7.x; this package reads NUMKONG_DISABLE
+                    for name, enabled in dict(nk.get_capabilities()).items():
+                        if enabled and name not in request["families"]:
+                            nk.disable_capability(name)
                 reply = {}
             elif request["op"] == "info":
                 capabilities = nk.get_capabilities() if hasattr(nk, "get_capabilities") else {}
-                reply = {"version": getattr(nk, "__version__", "?"),
-                         "capabilities": sorted(k for k, v in dict(capabilities).items() if v)}
+                if isinstance(capabilities, dict):  # numkong 7.x: {name: enabled}
+                    names = sorted(k for k, v in capabilities.items() if v)
+                else:  # this package: a Capability mask
+                    names = [c.name.lower() for c in type(capabilities) if c & capabilities]
+                reply = {"version": getattr(nk, "__version__", "?"), "capabilities": names}
             elif request["op"] == "pack":
                 operands = [nk.maxsim_pack(_anchor_cast(nk, np.load(request[key]), request["dtype"]),
                                            dtype=request["dtype"]) for key in ("queries", "documents")]
@@ -478,7 +482,7 @@ def main():
     args.kept_families = CPU_CLASSES[:CPU_CLASSES.index(args.cpu_class) + 1] if args.cpu_class else None
     if args.kept_families:  # before numkong is imported here or in the corpus worker, which inherits it
         os.environ["NUMKONG_DISABLE"] = ",".join(
-            name for name in ("haswell", "skylake", "icelake", "sapphire", "sapphireamx")
+            name for name in ("haswell", "skylake", "icelake", "sapphireamx")
             if name not in args.kept_families)
     if args.worker:
         worker()

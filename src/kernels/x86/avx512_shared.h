@@ -34,6 +34,17 @@ NK_INLINE int nk_x512_tagged_top(__m512 top, unsigned *tile, unsigned *lane) {
     return 1;
 }
 
+/* Each row's top document of a block of `docs` from its 16 tagged per-lane maxima (tops[r], 64-byte
+ * aligned), as driver.h's screen primitive reports it: -1 when there is none. */
+NK_INLINE void nk_x512_read_tops(float const (*tops)[16], uint64_t rows, uint64_t docs, int32_t *top) {
+    for (uint64_t r = 0; r < rows; ++r) {
+        unsigned tile, lane;
+        top[r] = nk_x512_tagged_top(_mm512_load_ps(tops[r]), &tile, &lane) && 16u * tile + lane < docs
+                     ? (int32_t)(16u * tile + lane)
+                     : -1;
+    }
+}
+
 /* ---- Collecting candidates. ---- */
 
 /* Append the lanes of `upper` (tile t) that reach the cut to the candidate list, which has room

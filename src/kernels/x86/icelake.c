@@ -254,12 +254,7 @@ static void nk_ice_screen(nk_ice_group_t *group, float const *growth, uint64_t r
                           uint64_t first_doc, uint64_t docs, float *u, int32_t *top) {
     for (unsigned r = 0; r < NK_ICE_ROWS; ++r) group->growth[r] = r < rows ? growth[r] : 0.0f;
     nk_ice_screen_block(group->q, d, group->first, first_doc, docs, group->words, group->words_ready, u, group);
-    for (unsigned r = 0; r < rows; ++r) {
-        unsigned tile, lane;
-        top[r] = nk_x512_tagged_top(_mm512_load_ps(group->top[r]), &tile, &lane) && 16u * tile + lane < docs
-                     ? (int32_t)(16u * tile + lane)
-                     : -1;
-    }
+    nk_x512_read_tops(group->top, rows, docs, top);
 }
 
 #define NK_DRIVER_ROWS NK_ICE_ROWS

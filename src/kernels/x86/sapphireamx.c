@@ -407,12 +407,7 @@ static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t
     else
         for (unsigned half = 0; 16 * half < rows; ++half) nk_samx_dots_block(group, d, half, first_doc, docs, u);
     nk_samx_finish(group, d, 0, rows, first_doc, docs, growth, u);
-    for (unsigned r = 0; r < rows; ++r) {
-        unsigned tile, lane;
-        top[r] = nk_x512_tagged_top(_mm512_load_ps(group->top[r]), &tile, &lane) && 16u * tile + lane < docs
-                     ? (int32_t)(16u * tile + lane)
-                     : -1;
-    }
+    nk_x512_read_tops(group->top, rows, docs, top);
 }
 
 #define NK_DRIVER_ROWS NK_SAMX_ROWS

@@ -422,12 +422,7 @@ static void nk_skl_screen(nk_skl_group_t *group, float const *growth, uint64_t r
             }
         }
     }
-    for (unsigned r = 0; r < rows; ++r) {
-        unsigned tile, lane;
-        top[r] = nk_x512_tagged_top(_mm512_load_ps(group->top[r]), &tile, &lane) && 16u * tile + lane < docs
-                     ? (int32_t)(16u * tile + lane)
-                     : -1;
-    }
+    nk_x512_read_tops(group->top, rows, docs, top);
 }
 
 #define NK_DRIVER_ROWS NK_SKL_TILE
