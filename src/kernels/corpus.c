@@ -379,29 +379,52 @@ static void nk_corpus_view(nk_corpus_t const *corpus, uint64_t index, nk_maxsim_
     view->cold = 1;
 }
 
+/* A worker's walk over the documents it claims, a few at a time from a shared counter, each one's
+ * successor's sections prefetched while it is scored. */
+typedef struct nk_corpus_walk {
+    nk_corpus_t const *corpus;
+    uint64_t *next; /* the shared counter */
+    uint64_t document, end;
+    nk_maxsim_view_t current, upcoming;
+} nk_corpus_walk_t;
+
+static void nk_corpus_walk_start(nk_corpus_walk_t *walk, nk_corpus_t const *corpus, uint64_t *next) {
+    walk->corpus = corpus, walk->next = next, walk->document = walk->end = 0;
+}
+
+/* The next document into walk->current (its index walk->document); 0 when all are claimed. */
+static int nk_corpus_walk_next(nk_corpus_walk_t *walk) {
+    uint64_t documents = walk->corpus->info.documents;
+    if (walk->document + 1 < walk->end) {
+        ++walk->document;
+        walk->current = walk->upcoming;
+    }
+    else {
+        uint64_t first = nk_atomic_fetch_add_u64(walk->next, NK_CORPUS_CLAIM);
+        if (first >= documents) return 0;
+        walk->end = documents - first < NK_CORPUS_CLAIM ? documents : first + NK_CORPUS_CLAIM;
+        walk->document = first;
+        nk_corpus_view(walk->corpus, first, &walk->current);
+    }
+    if (walk->document + 1 < walk->end) {
+        nk_corpus_view(walk->corpus, walk->document + 1, &walk->upcoming);
+        nk_corpus_prefetch(&walk->upcoming);
+    }
+    return 1;
+}
+
 static void *nk_corpus_worker(void *argument) {
     nk_corpus_job_t *job = (nk_corpus_job_t *)argument;
     uint64_t documents = job->corpus->info.documents;
-    for (;;) {
-        uint64_t first = nk_atomic_fetch_add_u64(&job->next, NK_CORPUS_CLAIM);
-        if (first >= documents) return NULL;
-        uint64_t end = documents - first < NK_CORPUS_CLAIM ? documents : first + NK_CORPUS_CLAIM;
-        nk_maxsim_view_t current, next;
-        nk_corpus_view(job->corpus, first, &next);
-        for (uint64_t document = first; document < end; ++document) {
-            current = next;
-            if (document + 1 < end) {
-                nk_corpus_view(job->corpus, document + 1, &next);
-                nk_corpus_prefetch(&next);
-            }
-            /* All queries against one document while it is hot in cache. */
-            for (uint64_t i = 0; i < job->query_count; ++i) {
-                nk_status_t status = nk_maxsim_score_views(job->kernel, &job->queries[i], &current,
-                                                           &job->scores[i * documents + document]);
-                if (status != nk_ok_k) nk_atomic_set_if_zero_i32(&job->status, (int)status);
-            }
+    nk_corpus_walk_t walk;
+    nk_corpus_walk_start(&walk, job->corpus, &job->next);
+    while (nk_corpus_walk_next(&walk))
+        for (uint64_t i = 0; i < job->query_count; ++i) { /* every query while the document is in cache */
+            nk_status_t status = nk_maxsim_score_views(job->kernel, &job->queries[i], &walk.current,
+                                                       &job->scores[i * documents + walk.document]);
+            if (status != nk_ok_k) nk_atomic_set_if_zero_i32(&job->status, (int)status);
         }
-    }
+    return NULL;
 }
 
 nk_status_t nk_maxsim_score_corpus(nk_maxsim_matrix_t const *queries, uint64_t query_count, nk_corpus_t const *corpus,
@@ -508,38 +531,28 @@ static void nk_cap_lower(uint64_t *cap, double value) {
 
 static void *nk_top_k_worker(void *argument) {
     nk_top_k_job_t *job = (nk_top_k_job_t *)argument;
-    uint64_t documents = job->corpus->info.documents, thread = nk_atomic_fetch_add_u64(&job->next_thread, 1);
+    uint64_t thread = nk_atomic_fetch_add_u64(&job->next_thread, 1);
     nk_ranked_t *heaps = job->heaps + thread * job->query_count * job->k;
     uint64_t *counts = job->counts + thread * job->query_count;
-    for (;;) {
-        uint64_t first = nk_atomic_fetch_add_u64(&job->next, NK_CORPUS_CLAIM);
-        if (first >= documents) return NULL;
-        uint64_t end = documents - first < NK_CORPUS_CLAIM ? documents : first + NK_CORPUS_CLAIM;
-        nk_maxsim_view_t current, next;
-        nk_corpus_view(job->corpus, first, &next);
-        for (uint64_t document = first; document < end; ++document) {
-            current = next;
-            if (document + 1 < end) {
-                nk_corpus_view(job->corpus, document + 1, &next);
-                nk_corpus_prefetch(&next);
+    nk_corpus_walk_t walk;
+    nk_corpus_walk_start(&walk, job->corpus, &job->next);
+    while (nk_corpus_walk_next(&walk))
+        for (uint64_t i = 0; i < job->query_count; ++i) { /* every query while the document is in cache */
+            nk_maxsim_view_t query = job->queries[i];
+            query.stop_above = nk_bits_to_double(nk_atomic_load_u64(&job->caps[i]));
+            double score;
+            nk_status_t status = nk_maxsim_score_views(job->kernel, &query, &walk.current, &score);
+            if (status != nk_ok_k) {
+                nk_atomic_set_if_zero_i32(&job->status, (int)status);
+                continue;
             }
-            for (uint64_t i = 0; i < job->query_count; ++i) { /* every query while the document is in cache */
-                nk_maxsim_view_t query = job->queries[i];
-                query.stop_above = nk_bits_to_double(nk_atomic_load_u64(&job->caps[i]));
-                double score;
-                nk_status_t status = nk_maxsim_score_views(job->kernel, &query, &current, &score);
-                if (status != nk_ok_k) {
-                    nk_atomic_set_if_zero_i32(&job->status, (int)status);
-                    continue;
-                }
-                if (score > query.stop_above) continue; /* proven out of the k best */
-                nk_heap_t heap = {heaps + i * job->k, counts[i], job->k};
-                nk_heap_offer(&heap, (nk_ranked_t){score, (int64_t)document});
-                counts[i] = heap.count;
-                if (heap.count == job->k) nk_cap_lower(&job->caps[i], heap.entries[0].score);
-            }
+            if (score > query.stop_above) continue; /* proven out of the k best */
+            nk_heap_t heap = {heaps + i * job->k, counts[i], job->k};
+            nk_heap_offer(&heap, (nk_ranked_t){score, (int64_t)walk.document});
+            counts[i] = heap.count;
+            if (heap.count == job->k) nk_cap_lower(&job->caps[i], heap.entries[0].score);
         }
-    }
+    return NULL;
 }
 
 uint64_t nk_corpus_top_k_scratch_bytes(uint64_t query_count, uint64_t threads, uint64_t k) {

@@ -263,13 +263,7 @@ static void nk_ice_screen(nk_ice_group_t *group, float const *growth, uint64_t r
 #define nk_family_prepare nk_ice_prepare
 #define nk_family_screen nk_ice_screen
 #define nk_family_scan nk_x512_scan
-#define nk_family_dot_batch nk_x512_dot_batch
-#define NK_FAMILY_F32_CHECKS 1
-#define nk_family_cosine_f32(dtype, a, b, depth, inv_q, inv_d, slack) \
-    nk_x512_cosine_f32(dtype, a, 0, b, depth, inv_q, inv_d, slack)
-#define NK_FAMILY_DECODE 1
-#define nk_family_decode_row nk_x512_decode_row
-#define nk_family_dot_decoded nk_x512_dot_decoded
+#include "avx512_rescoring.h"
 #include "driver.h"
 
 double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) { return nk_driver_maxsim(q, d); }

@@ -416,13 +416,7 @@ static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t
 #define nk_family_prepare nk_samx_prepare
 #define nk_family_screen nk_samx_screen
 #define nk_family_scan nk_x512_scan
-#define nk_family_dot_batch nk_x512_dot_batch
-#define NK_FAMILY_F32_CHECKS 1
-#define nk_family_cosine_f32(dtype, a, b, depth, inv_q, inv_d, slack) \
-    nk_x512_cosine_f32(dtype, a, 0, b, depth, inv_q, inv_d, slack)
-#define NK_FAMILY_DECODE 1
-#define nk_family_decode_row nk_x512_decode_row
-#define nk_family_dot_decoded nk_x512_dot_decoded
+#include "avx512_rescoring.h"
 #include "driver.h"
 
 double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
