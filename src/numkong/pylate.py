@@ -139,42 +139,36 @@ def _mask_rows(matrix, mask, what):
     return matrix[keep]
 
 
-def _queries(embeddings, mask, single=True):
-    """The list of query matrices (2-D, masked rows removed)."""
-    arr = _array(embeddings, "queries_embeddings")
+def _matrices(embeddings, mask, role, item, shape_hint, single=False):
+    """The list of [tokens, dim] matrices of `embeddings` (a [n, tokens, dim] batch or a list of
+    matrices; with `single`, one [tokens, dim] matrix too), their masked rows removed."""
+    arr = _array(embeddings, f"{role}_embeddings")
     if arr is not None and arr.ndim == 2 and single:
         arr = arr[None]  # one query, as pylate.rank.rerank takes it
     if arr is not None:
         if arr.ndim != 3:
-            raise ValueError(f"queries_embeddings has shape {arr.shape}; pass [queries, tokens, dim], a list of "
-                             f"[tokens, dim] matrices{' or one [tokens, dim] query' if single else ''}")
-        queries = list(arr)
+            raise ValueError(f"{role}_embeddings has shape {arr.shape}; pass {shape_hint}")
+        matrices = list(arr)
     else:
-        queries = [_matrix(query, f"query {i}") for i, query in enumerate(embeddings)]
+        matrices = [_matrix(matrix, f"{item} {i}") for i, matrix in enumerate(embeddings)]
     if mask is None:
-        return queries
-    masks = _per_query(mask, "queries_mask")
-    if len(masks) != len(queries):
-        raise ValueError(f"queries_mask has {len(masks)} entries for {len(queries)} queries")
-    return [_mask_rows(query, m, f"queries_mask[{i}]") for i, (query, m) in enumerate(zip(queries, masks))]
+        return matrices
+    masks = _per_query(mask, f"{role}_mask")
+    if len(masks) != len(matrices):
+        raise ValueError(f"{role}_mask has {len(masks)} entries for {len(matrices)} {role}")
+    return [_mask_rows(matrix, m, f"{role}_mask[{i}]") for i, (matrix, m) in enumerate(zip(matrices, masks))]
+
+
+def _queries(embeddings, mask, single=True):
+    """The list of query matrices (2-D, masked rows removed)."""
+    hint = f"[queries, tokens, dim], a list of [tokens, dim] matrices{' or one [tokens, dim] query' if single else ''}"
+    return _matrices(embeddings, mask, "queries", "query", hint, single)
 
 
 def _documents(embeddings, mask, what=""):
     """The list of document matrices (2-D, masked rows removed) of one query's documents."""
-    arr = _array(embeddings, f"{what}documents_embeddings")
-    if arr is not None:
-        if arr.ndim != 3:
-            raise ValueError(f"{what}documents_embeddings has shape {arr.shape}; pass [documents, tokens, dim] or "
-                             f"a list of [tokens, dim] matrices")
-        documents = list(arr)
-    else:
-        documents = [_matrix(document, f"{what}document {i}") for i, document in enumerate(embeddings)]
-    if mask is None:
-        return documents
-    masks = _per_query(mask, f"{what}documents_mask")
-    if len(masks) != len(documents):
-        raise ValueError(f"{what}documents_mask has {len(masks)} entries for {len(documents)} documents")
-    return [_mask_rows(document, m, f"{what}documents_mask[{i}]") for i, (document, m) in enumerate(zip(documents, masks))]
+    return _matrices(embeddings, mask, f"{what}documents", f"{what}document",
+                     "[documents, tokens, dim] or a list of [tokens, dim] matrices")
 
 
 def _matrix(obj, what):
