@@ -1,6 +1,7 @@
 """Runs the C-level check driver (tests/c): every compiled family on this CPU against serial; in the slow
 tier also under AddressSanitizer + UndefinedBehaviorSanitizer, for Arm under qemu and for Windows under wine."""
 import os
+import re
 import shutil
 import subprocess
 
@@ -18,11 +19,27 @@ def _run_driver(build_dir, cflags=""):
                           text=True, env=environment)
 
 
+def _digests(stdout):
+    """The serial score digests a driver run printed, one per run: scores hashed bit for bit."""
+    return re.findall(r"serial digest ([0-9a-f]{16}) \((quick|full) cases\)", stdout)
+
+
+@pytest.fixture(scope="module")
+def native_digests(tmp_path_factory):
+    """{"full": digest, "quick": digest} of the native build, to compare emulated builds against."""
+    require_tools("gcc")
+    build = tmp_path_factory.mktemp("native")
+    run = _run_driver(build)
+    assert run.returncode == 0 and ", 0 failed" in run.stdout, run.stdout[-4000:] + run.stderr[-4000:]
+    quick = subprocess.run([str(build / "check_kernels"), "quick"], capture_output=True, text=True)
+    assert quick.returncode == 0 and ", 0 failed" in quick.stdout, quick.stdout[-4000:] + quick.stderr[-4000:]
+    return {mode: digest for digest, mode in _digests(run.stdout) + _digests(quick.stdout)}
+
+
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to build the C check driver")
-def test_every_family_matches_serial_in_c(tmp_path):
-    run = _run_driver(tmp_path)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    assert ", 0 failed" in run.stdout
+def test_every_family_matches_serial_in_c(native_digests):
+    # Every family's scores were compared bit for bit with serial's inside the driver.
+    assert set(native_digests) == {"full", "quick"}
 
 
 @pytest.mark.slow
@@ -37,7 +54,7 @@ def test_every_family_clean_under_address_and_undefined_sanitizers(tmp_path):
 
 
 @pytest.mark.slow
-def test_arm_families_match_serial_under_qemu(tmp_path):
+def test_arm_families_match_serial_under_qemu(tmp_path, native_digests):
     """NEON and SVE (128, 256, 512 bits, and with SVE off) against serial, cross-built and emulated."""
     require_tools("aarch64-linux-gnu-gcc", "qemu-aarch64")
     runs = "max,sve128=on|quick max,sve=off|quick max,sve256=on|quick max|quick"
@@ -45,6 +62,9 @@ def test_arm_families_match_serial_under_qemu(tmp_path):
                          text=True, env=dict(os.environ, NK_ARM_RUNS=runs), timeout=1800)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert run.stdout.count(", 0 failed") >= 5, run.stdout[-4000:]
+    # Same bits on Arm as on this machine: serial (and so every family) follows one canonical order.
+    for digest, mode in _digests(run.stdout):
+        assert digest == native_digests[mode], f"Arm {mode} digest {digest} != native {native_digests[mode]}"
 
 
 # Families the mingw-w64 GCC cannot build yet, with the reason; every other x86 family must build.
@@ -56,7 +76,7 @@ MINGW_KNOWN_FAILURES = {
 
 
 @pytest.mark.slow
-def test_windows_build_matches_serial_under_wine(tmp_path):
+def test_windows_build_matches_serial_under_wine(tmp_path, native_digests):
     """The kernels and the check driver cross-compiled with mingw-w64 and run under wine64."""
     require_tools("x86_64-w64-mingw32-gcc")
     if not any(shutil.which(w) for w in ("wine64", "/usr/lib/wine/wine64", "wine")):
@@ -67,3 +87,5 @@ def test_windows_build_matches_serial_under_wine(tmp_path):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert ", 0 failed" in run.stdout, run.stdout[-4000:]
     assert "checked" in run.stdout, run.stdout[-4000:]  # at least one SIMD family ran on this CPU
+    digests = _digests(run.stdout)
+    assert digests and all(digest == native_digests[mode] for digest, mode in digests), (digests, native_digests)

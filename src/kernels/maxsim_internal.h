@@ -137,6 +137,32 @@ static inline uint64_t nk_screen_offset(uint64_t vectors, uint64_t screen_depth,
     return tile * NK_SCREEN_TILE * screen_depth + (k / 4) * 4 * rows_in_tile + 4 * lane + (k % 4);
 }
 
+/* The canonical exact dot product. Every family (serial, haswell, skylake, icelake, sapphireamx,
+ * neon, sve) computes the float64 dot of two stored rows a, b of `depth` elements exactly so, and
+ * therefore returns the same bits for the same packed operands (the cosine is then
+ * dot * inv_q * inv_d, left to right, unfused). serial.c's nk_dot_serial is the reference.
+ *  1. Products p_k = a_k * b_k of the decoded values (nk_decode). float64: the product is rounded
+ *     to float64, then added; never a fused multiply-add. Every other format: the product is exact
+ *     in float64 (at most 24 + 24 significant bits, exponents far inside its range), so fused or
+ *     not, in float32 for two half images, or summed in half-image units with the power-of-two
+ *     scales applied to the final sum, it is the same value (no partial sum comes near float64's
+ *     subnormal or overflow range, so scaling by a power of two commutes with every rounding).
+ *  2. Sixteen float64 lane sums s_0 .. s_15, each from +0.0: lane j adds p_j, p_{j+16}, p_{j+32},
+ *     ... in increasing k. Elements past `depth` count as zero products (zero padding or masked
+ *     loads, never a read past the row).
+ *  3. Reduction, exactly: t_i = s_i + s_{i+8} (i < 8), u_i = t_i + t_{i+4} (i < 4),
+ *     v_i = u_i + u_{i+2} (i < 2), dot = v_0 + v_1. AVX-512 holds lanes 0-7 and 8-15 in two
+ *     registers, AVX2 in four, NEON in eight; the halving tree is then register adds.
+ *  4. A sum that is exact anyway may be computed any way. e4m3, e2m3 and e3m2 values are integers
+ *     times 2^-9, 2^-3 and 2^-4, of at most 245,760 (480, the NaN code's half image; 448 is the
+ *     largest finite), 60 (7.5) and 448 (28) units, so products are integers in units^2 of at most
+ *     6.04e10, 3,600 and 200,704, and every partial sum of any order is an integer below 2^53 up
+ *     to depth 149,130 (e4m3), 2.5e12 (e2m3) and 4.4e10 (e3m2): every addition above is exact at
+ *     the SIMD families' depths (<= 65,536), and integer dot products (VNNI digits, vpmaddwd) give
+ *     the canonical value. Serial follows steps 1-3 at every depth.
+ * A query row decoded to float64 once yields the same products, hence the same dot. The sign of a
+ * zero sum is not specified (it never changes a distance). */
+
 /* Scalar decoding. Every narrow format maps exactly onto IEEE half bits times a power of two:
  *   e5m2:  half(b << 8)
  *   e4m3:  half(((b & 0x80) << 8) | ((b & 0x7F) << 7)) * 2^8

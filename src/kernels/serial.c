@@ -2,20 +2,38 @@
  * auto-vectorization so it stays an independent baseline for the SIMD families. */
 #include "maxsim_internal.h"
 
-/* float64 dot product of two stored rows; one loop per dtype keeps the switch out of the loop. */
+/* A float64 product kept apart from the sum it feeds: a fused multiply-add would change the bits.
+ * In ISO C mode (-std=c11, as meson builds) GCC fuses nothing; the empty asm also stops a build
+ * that would (-ffp-contract=fast, or -std=gnu11 on Arm, where fused instructions are baseline). */
+static inline double nk_product_f64(double x, double y) {
+    double p = x * y;
+#if defined(__GNUC__) && defined(__SSE2_MATH__)
+    __asm__("" : "+x"(p));
+#elif defined(__GNUC__) && defined(__aarch64__)
+    __asm__("" : "+w"(p));
+#endif
+    return p;
+}
+
+/* The reference canonical dot (maxsim_internal.h) of two stored rows, any depth: element k goes to
+ * lane k % 16, then the halving tree. One loop per dtype keeps the switch out of the loop. */
 static double nk_dot_serial(int dtype, void const *a, void const *b, uint64_t depth) {
-    double sum = 0.0;
+    double s[16] = {0};
     switch (dtype) {
     case nk_dtype_float64_k:
-        for (uint64_t k = 0; k < depth; ++k) sum += ((double const *)a)[k] * ((double const *)b)[k];
-        return sum;
-    case nk_dtype_float32_k:
-        for (uint64_t k = 0; k < depth; ++k) sum += (double)((float const *)a)[k] * (double)((float const *)b)[k];
-        return sum;
-    default:
-        for (uint64_t k = 0; k < depth; ++k) sum += nk_decode(dtype, a, k) * nk_decode(dtype, b, k);
-        return sum;
+        for (uint64_t k = 0; k < depth; ++k) s[k % 16] += nk_product_f64(((double const *)a)[k], ((double const *)b)[k]);
+        break;
+    case nk_dtype_float32_k: /* exact products */
+        for (uint64_t k = 0; k < depth; ++k) s[k % 16] += (double)((float const *)a)[k] * (double)((float const *)b)[k];
+        break;
+    default: /* exact products */
+        for (uint64_t k = 0; k < depth; ++k) s[k % 16] += nk_decode(dtype, a, k) * nk_decode(dtype, b, k);
+        break;
     }
+    double t[8], u[4];
+    for (int i = 0; i < 8; ++i) t[i] = s[i] + s[i + 8];
+    for (int i = 0; i < 4; ++i) u[i] = t[i] + t[i + 4];
+    return (u[0] + u[2]) + (u[1] + u[3]);
 }
 
 double nk_maxsim_serial(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {

@@ -41,4 +41,4 @@ x86_64*)
     defines+=("-DNK_AMX_EMULATE") ;;
 esac
 "$cc" "${common[@]}" "${defines[@]}" "$here/check_kernels.c" "${objects[@]}" -lm -lpthread -o "$out/check_kernels"
-${RUNNER:-} "$out/check_kernels"
+${RUNNER:-} "$out/check_kernels" ${NK_CHECK_ARGS:-}

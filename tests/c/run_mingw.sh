@@ -20,7 +20,7 @@ if ! command -v "$cc" >/dev/null || [ -z "$wine" ]; then
 fi
 echo "compiler: $("$cc" --version | head -n 1); wine: $("$wine" --version 2>/dev/null || echo "?")"
 
-common=(-O2 -std=c11 -Wall -Wextra -I"$root/src/kernels" -I"$root/src/kernels/include")
+common=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra -I"$root/src/kernels" -I"$root/src/kernels/include")
 objects=() defines=() built=()
 compile() { # name flags...
     local name="$1"; shift
@@ -31,7 +31,7 @@ source "$here/family_flags.sh"
 compile serial -fno-tree-vectorize
 for family in haswell skylake icelake sapphireamx; do
     mapfile -t flags < <(family_flags "$family")
-    if "$cc" "${common[@]}" "${flags[@]}" -c "$root/src/kernels/$family.c" -o "$out/$family.o" 2>"$out/$family.err"; then
+    if "$cc" "${common[@]}" "${flags[@]}" -c "$root/src/kernels/x86/$family.c" -o "$out/$family.o" 2>"$out/$family.err"; then
         objects+=("$out/$family.o") defines+=("-DNK_HAVE_${family^^}") built+=("$family")
     else
         echo "$family: does not compile with $cc, left out; first errors:"

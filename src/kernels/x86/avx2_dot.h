@@ -9,90 +9,91 @@
 
 static inline uint64_t nk_min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
-/* ---- Exact float64 dot products of stored rows, one function per dtype. ---- */
-
-typedef double (*nk_dot_fn)(void const *a, void const *b, uint64_t n);
-
-static inline double nk_hsum_pd(__m256d v) {
-    __m128d sum = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(sum, _mm_unpackhi_pd(sum, sum)));
-}
-
-/* Lanes [0, count) set, for maskload tails. */
+/* Lanes [0, count) set, for maskload tails (haswell.c's screening). */
 static inline __m256i nk_lanes32(uint64_t count) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
-static inline __m256i nk_lanes64(uint64_t count) {
-    return _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)count), _mm256_setr_epi64x(0, 1, 2, 3));
+
+/* ---- Exact float64 dot products of stored rows, one function per dtype. ----
+ * All in the canonical order (maxsim_internal.h): lanes 0-3, 4-7, 8-11 and 12-15 in s[0] .. s[3],
+ * 16 elements a step, the last partial step through zero-padded copies (never past the row). */
+
+typedef double (*nk_dot_fn)(void const *a, void const *b, uint64_t n);
+
+/* t = s0 + s2 | s1 + s3 (t_i = s_i + s_{i+8}), u = t_0..3 + t_4..7, v = u_0,1 + u_2,3, v0 + v1. */
+NK_INLINE double nk_reduce16_pd(__m256d const s[4]) {
+    __m256d u = _mm256_add_pd(_mm256_add_pd(s[0], s[2]), _mm256_add_pd(s[1], s[3]));
+    __m128d v = _mm_add_pd(_mm256_castpd256_pd128(u), _mm256_extractf128_pd(u, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(v, _mm_unpackhi_pd(v, v)));
 }
 
-static double nk_dot_f64(void const *a, void const *b, uint64_t n) {
-    double const *x = (double const *)a, *y = (double const *)b;
-    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
-    uint64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        s0 = _mm256_fmadd_pd(_mm256_loadu_pd(x + k), _mm256_loadu_pd(y + k), s0);
-        s1 = _mm256_fmadd_pd(_mm256_loadu_pd(x + k + 4), _mm256_loadu_pd(y + k + 4), s1);
+/* The canonical dot of a format whose 16-element step is `step`(x, y, s) on elements of `type`. The
+ * last partial step (and the reduction after it) is out of line and takes the sums by value, so the
+ * common path keeps them in registers and needs no stack frame for the zero-padded copies. */
+#define NK_DOT_CANONICAL(name, type, step) \
+    static NK_NOINLINE double name##_tail(type const *x, type const *y, uint64_t count, __m256d s0, __m256d s1, \
+                                          __m256d s2, __m256d s3) { \
+        __m256d s[4] = {s0, s1, s2, s3}; \
+        type xt[16] = {0}, yt[16] = {0}; /* zero is +0 in every format */ \
+        memcpy(xt, x, (size_t)count * sizeof(type)), memcpy(yt, y, (size_t)count * sizeof(type)); \
+        step(xt, yt, s); \
+        return nk_reduce16_pd(s); \
+    } \
+    static double name(void const *a, void const *b, uint64_t n) { \
+        type const *x = (type const *)a, *y = (type const *)b; \
+        __m256d s[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()}; \
+        uint64_t k = 0; \
+        for (; k + 16 <= n; k += 16) step(x + k, y + k, s); \
+        if (k < n) return name##_tail(x + k, y + k, n - k, s[0], s[1], s[2], s[3]); \
+        return nk_reduce16_pd(s); \
     }
-    for (; k + 4 <= n; k += 4) s0 = _mm256_fmadd_pd(_mm256_loadu_pd(x + k), _mm256_loadu_pd(y + k), s0);
-    if (k < n) {
-        __m256i mask = nk_lanes64(n - k);
-        s1 = _mm256_fmadd_pd(_mm256_maskload_pd(x + k, mask), _mm256_maskload_pd(y + k, mask), s1);
-    }
-    return nk_hsum_pd(_mm256_add_pd(s0, s1));
+
+/* float64: the product is rounded, then added. The empty asm keeps any build (-ffp-contract=fast)
+ * from fusing the two, which would change the bits. Every other format's products are exact, so
+ * they may be fused. */
+NK_INLINE __m256d nk_mul_pd_rounded(__m256d x, __m256d y) {
+    __m256d p = _mm256_mul_pd(x, y);
+#if defined(__GNUC__)
+    __asm__("" : "+x"(p));
+#endif
+    return p;
 }
 
-/* A float32 product that is exact (few significant bits, no under/overflow): add it in float64. */
-NK_INLINE void nk_add_ps_as_pd(__m256 p, __m256d *s0, __m256d *s1) {
-    *s0 = _mm256_add_pd(*s0, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
-    *s1 = _mm256_add_pd(*s1, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
+NK_INLINE void nk_step_f64(double const *x, double const *y, __m256d s[4]) {
+    s[0] = _mm256_add_pd(s[0], nk_mul_pd_rounded(_mm256_loadu_pd(x), _mm256_loadu_pd(y)));
+    s[1] = _mm256_add_pd(s[1], nk_mul_pd_rounded(_mm256_loadu_pd(x + 4), _mm256_loadu_pd(y + 4)));
+    s[2] = _mm256_add_pd(s[2], nk_mul_pd_rounded(_mm256_loadu_pd(x + 8), _mm256_loadu_pd(y + 8)));
+    s[3] = _mm256_add_pd(s[3], nk_mul_pd_rounded(_mm256_loadu_pd(x + 12), _mm256_loadu_pd(y + 12)));
 }
 
-/* float32 x float32 is exact in float64: widen first, then FMA in float64. */
-static double nk_dot_f32(void const *a, void const *b, uint64_t n) {
-    float const *x = (float const *)a, *y = (float const *)b;
-    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd(), s3 = _mm256_setzero_pd();
-    uint64_t k = 0;
-    /* 4 floats per 128-bit load, widened straight from memory: no lane extraction. */
-    for (; k + 16 <= n; k += 16) {
-        s0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k)), _mm256_cvtps_pd(_mm_loadu_ps(y + k)), s0);
-        s1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k + 4)), _mm256_cvtps_pd(_mm_loadu_ps(y + k + 4)), s1);
-        s2 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k + 8)), _mm256_cvtps_pd(_mm_loadu_ps(y + k + 8)), s2);
-        s3 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k + 12)), _mm256_cvtps_pd(_mm_loadu_ps(y + k + 12)), s3);
-    }
-    for (; k + 4 <= n; k += 4)
-        s0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k)), _mm256_cvtps_pd(_mm_loadu_ps(y + k)), s0);
-    if (k < n) {
-        __m128i mask = _mm256_castsi256_si128(nk_lanes32(n - k));
-        __m256d tail_x = _mm256_cvtps_pd(_mm_maskload_ps(x + k, mask));
-        __m256d tail_y = _mm256_cvtps_pd(_mm_maskload_ps(y + k, mask));
-        s1 = _mm256_fmadd_pd(tail_x, tail_y, s1);
-    }
-    return nk_hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+/* float32 x float32 is exact in float64: widen (4 floats per 128-bit load, straight from memory)
+ * and fuse, which rounds only the sum, as mul-then-add would. */
+NK_INLINE __m256d nk_fma_f32x4_as_pd(float const *x, float const *y, __m256d sum) {
+    return _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x)), _mm256_cvtps_pd(_mm_loadu_ps(y)), sum);
+}
+
+NK_INLINE void nk_step_f32(float const *x, float const *y, __m256d s[4]) {
+    s[0] = nk_fma_f32x4_as_pd(x, y, s[0]);
+    s[1] = nk_fma_f32x4_as_pd(x + 4, y + 4, s[1]);
+    s[2] = nk_fma_f32x4_as_pd(x + 8, y + 8, s[2]);
+    s[3] = nk_fma_f32x4_as_pd(x + 12, y + 12, s[3]);
+}
+
+/* 8 exact float32 products of elements 8h .. 8h+7 into lanes 8h .. 8h+7. */
+NK_INLINE void nk_add_ps_as_pd(__m256 p, __m256d *low, __m256d *high) {
+    *low = _mm256_add_pd(*low, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+    *high = _mm256_add_pd(*high, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
 }
 
 /* half x half has at most 22 significant bits and stays in float32's normal range: exact. */
-static double nk_dot_f16(void const *a, void const *b, uint64_t n) {
-    uint16_t const *x = (uint16_t const *)a, *y = (uint16_t const *)b;
-    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd(), s3 = _mm256_setzero_pd();
-    uint64_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m256 p0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((__m128i const *)(x + k))),
-                                  _mm256_cvtph_ps(_mm_loadu_si128((__m128i const *)(y + k))));
-        __m256 p1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((__m128i const *)(x + k + 8))),
-                                  _mm256_cvtph_ps(_mm_loadu_si128((__m128i const *)(y + k + 8))));
-        nk_add_ps_as_pd(p0, &s0, &s1);
-        nk_add_ps_as_pd(p1, &s2, &s3);
-    }
-    for (; k < n; k += 8) {
-        uint16_t xt[8] = {0}, yt[8] = {0}; /* zero-padded tail: never reads past the row */
-        uint64_t count = nk_min_u64(8, n - k);
-        memcpy(xt, x + k, count * 2), memcpy(yt, y + k, count * 2);
-        nk_add_ps_as_pd(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((__m128i const *)xt)),
-                                      _mm256_cvtph_ps(_mm_loadu_si128((__m128i const *)yt))),
-                        &s0, &s1);
-    }
-    return nk_hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+NK_INLINE __m256 nk_f16x8_product(uint16_t const *x, uint16_t const *y) {
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((__m128i const *)x)),
+                         _mm256_cvtph_ps(_mm_loadu_si128((__m128i const *)y)));
+}
+
+NK_INLINE void nk_step_f16(uint16_t const *x, uint16_t const *y, __m256d s[4]) {
+    nk_add_ps_as_pd(nk_f16x8_product(x, y), &s[0], &s[1]);
+    nk_add_ps_as_pd(nk_f16x8_product(x + 8, y + 8), &s[2], &s[3]);
 }
 
 /* bfloat16 spans float32's range, so products may under/overflow in float32: multiply in float64.
@@ -102,29 +103,23 @@ NK_INLINE __m256d nk_bf16x4_to_pd(__m128i bits4) {
     return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), bits4)));
 }
 
-static double nk_dot_bf16(void const *a, void const *b, uint64_t n) {
-    uint16_t const *x = (uint16_t const *)a, *y = (uint16_t const *)b;
-    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd(), s3 = _mm256_setzero_pd();
-    uint64_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m128i x0 = _mm_loadu_si128((__m128i const *)(x + k)), y0 = _mm_loadu_si128((__m128i const *)(y + k));
-        __m128i x1 = _mm_loadu_si128((__m128i const *)(x + k + 8)), y1 = _mm_loadu_si128((__m128i const *)(y + k + 8));
-        s0 = _mm256_fmadd_pd(nk_bf16x4_to_pd(x0), nk_bf16x4_to_pd(y0), s0);
-        x0 = _mm_unpackhi_epi64(x0, x0), y0 = _mm_unpackhi_epi64(y0, y0);
-        s1 = _mm256_fmadd_pd(nk_bf16x4_to_pd(x0), nk_bf16x4_to_pd(y0), s1);
-        s2 = _mm256_fmadd_pd(nk_bf16x4_to_pd(x1), nk_bf16x4_to_pd(y1), s2);
-        x1 = _mm_unpackhi_epi64(x1, x1), y1 = _mm_unpackhi_epi64(y1, y1);
-        s3 = _mm256_fmadd_pd(nk_bf16x4_to_pd(x1), nk_bf16x4_to_pd(y1), s3);
-    }
-    for (; k < n; k += 4) {
-        uint16_t xt[4] = {0}, yt[4] = {0}; /* zero-padded tail: never reads past the row */
-        uint64_t count = nk_min_u64(4, n - k);
-        memcpy(xt, x + k, count * 2), memcpy(yt, y + k, count * 2);
-        s0 = _mm256_fmadd_pd(nk_bf16x4_to_pd(_mm_loadl_epi64((__m128i const *)xt)),
-                             nk_bf16x4_to_pd(_mm_loadl_epi64((__m128i const *)yt)), s0);
-    }
-    return nk_hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+/* 8 bfloat16 pairs into lanes 8h .. 8h+7 (`low`, `high`): exact products, fused. */
+NK_INLINE void nk_fma_bf16x8(uint16_t const *x, uint16_t const *y, __m256d *low, __m256d *high) {
+    __m128i xh = _mm_loadu_si128((__m128i const *)x), yh = _mm_loadu_si128((__m128i const *)y);
+    *low = _mm256_fmadd_pd(nk_bf16x4_to_pd(xh), nk_bf16x4_to_pd(yh), *low);
+    *high = _mm256_fmadd_pd(nk_bf16x4_to_pd(_mm_unpackhi_epi64(xh, xh)), nk_bf16x4_to_pd(_mm_unpackhi_epi64(yh, yh)),
+                            *high);
 }
+
+NK_INLINE void nk_step_bf16(uint16_t const *x, uint16_t const *y, __m256d s[4]) {
+    nk_fma_bf16x8(x, y, &s[0], &s[1]);
+    nk_fma_bf16x8(x + 8, y + 8, &s[2], &s[3]);
+}
+
+NK_DOT_CANONICAL(nk_dot_f64, double, nk_step_f64)
+NK_DOT_CANONICAL(nk_dot_f32, float, nk_step_f32)
+NK_DOT_CANONICAL(nk_dot_f16, uint16_t, nk_step_f16)
+NK_DOT_CANONICAL(nk_dot_bf16, uint16_t, nk_step_bf16)
 
 /* 8 bytes of a 1-byte format -> 8 IEEE half bit patterns (the value divided by the format's
  * power-of-two half scale, see maxsim_internal.h). Sign-extending the byte (after moving an fp6
@@ -157,36 +152,37 @@ NK_INLINE __m256 nk_bytes_product(uint8_t const *x, uint8_t const *y, int dtype)
     return _mm256_mul_ps(fx, fy);
 }
 
-/* Dot product in half units; the caller multiplies by the (power of two) scale squared. */
-NK_INLINE double nk_dot_bytes(void const *a, void const *b, uint64_t n, int dtype) {
-    uint8_t const *x = (uint8_t const *)a, *y = (uint8_t const *)b;
-    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd(), s3 = _mm256_setzero_pd();
-    uint64_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        nk_add_ps_as_pd(nk_bytes_product(x + k, y + k, dtype), &s0, &s1);
-        nk_add_ps_as_pd(nk_bytes_product(x + k + 8, y + k + 8, dtype), &s2, &s3);
+/* 16 bytes of a minifloat format, as exact float32 products of half images, into the 16 lanes. */
+#define NK_STEP_BYTES(format, dtype) \
+    NK_INLINE void nk_step_##format(uint8_t const *x, uint8_t const *y, __m256d s[4]) { \
+        nk_add_ps_as_pd(nk_bytes_product(x, y, dtype), &s[0], &s[1]); \
+        nk_add_ps_as_pd(nk_bytes_product(x + 8, y + 8, dtype), &s[2], &s[3]); \
     }
-    for (; k < n; k += 8) {
-        uint8_t xt[8] = {0}, yt[8] = {0}; /* zero-padded tail (byte 0 is +0 in every format) */
-        uint64_t count = nk_min_u64(8, n - k);
-        memcpy(xt, x + k, count), memcpy(yt, y + k, count);
-        nk_add_ps_as_pd(nk_bytes_product(xt, yt, dtype), &s0, &s1);
-    }
-    return nk_hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
-}
+NK_STEP_BYTES(e4m3, nk_dtype_e4m3_k)
+NK_STEP_BYTES(e5m2, nk_dtype_e5m2_k)
+NK_STEP_BYTES(e2m3, nk_dtype_e2m3_k)
+NK_STEP_BYTES(e3m2, nk_dtype_e3m2_k)
+#undef NK_STEP_BYTES
+
+/* Dot products in half units; the callers multiply by the (power of two) scale squared. */
+NK_DOT_CANONICAL(nk_dot_halves_e4m3, uint8_t, nk_step_e4m3)
+NK_DOT_CANONICAL(nk_dot_halves_e5m2, uint8_t, nk_step_e5m2)
+NK_DOT_CANONICAL(nk_dot_halves_e2m3, uint8_t, nk_step_e2m3)
+NK_DOT_CANONICAL(nk_dot_halves_e3m2, uint8_t, nk_step_e3m2)
+#undef NK_DOT_CANONICAL
 
 #define NK_SCALE2(s) ((double)(s) * (double)(s))
 static double nk_dot_e4m3(void const *a, void const *b, uint64_t n) {
-    return nk_dot_bytes(a, b, n, nk_dtype_e4m3_k) * NK_SCALE2(nk_e4m3_half_scale_k);
+    return nk_dot_halves_e4m3(a, b, n) * NK_SCALE2(nk_e4m3_half_scale_k);
 }
 static double nk_dot_e5m2(void const *a, void const *b, uint64_t n) {
-    return nk_dot_bytes(a, b, n, nk_dtype_e5m2_k) * NK_SCALE2(nk_e5m2_half_scale_k);
+    return nk_dot_halves_e5m2(a, b, n) * NK_SCALE2(nk_e5m2_half_scale_k);
 }
 static double nk_dot_e2m3(void const *a, void const *b, uint64_t n) {
-    return nk_dot_bytes(a, b, n, nk_dtype_e2m3_k) * NK_SCALE2(nk_e2m3_half_scale_k);
+    return nk_dot_halves_e2m3(a, b, n) * NK_SCALE2(nk_e2m3_half_scale_k);
 }
 static double nk_dot_e3m2(void const *a, void const *b, uint64_t n) {
-    return nk_dot_bytes(a, b, n, nk_dtype_e3m2_k) * NK_SCALE2(nk_e3m2_half_scale_k);
+    return nk_dot_halves_e3m2(a, b, n) * NK_SCALE2(nk_e3m2_half_scale_k);
 }
 
 static nk_dot_fn nk_dot_for(uint32_t dtype) {

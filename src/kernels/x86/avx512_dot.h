@@ -1,6 +1,7 @@
 /* Exact dot products of stored rows with AVX-512 (F/BW/DQ/VL + F16C; the e4m3 integer dot product
- * also needs VNNI and VBMI): the family primitive every AVX-512 family rescoring calls, and float32
- * dot products with a proven error bound for cheap checks. */
+ * also needs VNNI and VBMI, and without them e4m3 is decoded like e5m2): the primitive every AVX-512
+ * family (skylake, icelake, sapphireamx) rescores with, and float32 dot products with a proven error
+ * bound for cheap checks. */
 #ifndef NUMKONG_X86_AVX512_DOT_H
 #define NUMKONG_X86_AVX512_DOT_H
 #include <immintrin.h>
@@ -9,10 +10,12 @@
 
 #include "maxsim_internal.h"
 
-/* ---- Exact float64 dot products. ----
+/* ---- Exact float64 dot products, in the canonical order (maxsim_internal.h). ----
+ * Lanes 0-7 of the sum in one register and 8-15 in another, 16 elements a step, the last one masked.
  * Every stored format converts exactly to float64 (the minifloats through their IEEE half images,
  * their power-of-two scale applied once to the sum). A query row with several candidates is decoded
- * once into float64 on the stack; two half-based rows are multiplied exactly in float32 first. */
+ * once into float64 on the stack; two half-based rows are multiplied exactly in float32 first. Same
+ * products, same lanes, same reduction: every path gives the same bits. */
 
 NK_INLINE __mmask16 nk_x512_tail_mask(uint64_t remaining) {
     return remaining >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << remaining) - 1u);
@@ -77,31 +80,52 @@ static inline double nk_x512_product_scale(int dtype) {
     }
 }
 
+/* The canonical reduction of lanes 0-7 (`low`) and 8-15 (`high`), written out: the order of
+ * _mm512_reduce_add_pd is the compiler's. */
+NK_INLINE double nk_x512_reduce16(__m512d low, __m512d high) {
+    __m512d t = _mm512_add_pd(low, high);                                               /* s_i + s_{i+8} */
+    __m256d u = _mm256_add_pd(_mm512_castpd512_pd256(t), _mm512_extractf64x4_pd(t, 1)); /* t_i + t_{i+4} */
+    __m128d v = _mm_add_pd(_mm256_castpd256_pd128(u), _mm256_extractf128_pd(u, 1));    /* u_i + u_{i+2} */
+    return _mm_cvtsd_f64(_mm_add_sd(v, _mm_unpackhi_pd(v, v)));
+}
+
+/* Products added to the lanes. Two float64 operands: the product is rounded, then added, and the
+ * empty asm keeps any build (-ffp-contract=fast) from fusing the two. Otherwise the product is exact,
+ * so the fused form rounds only the sum, as mul-then-add would, in fewer instructions. */
+NK_INLINE void nk_x512_add_products(int rounded, __m512d a0, __m512d b0, __m512d a1, __m512d b1, __m512d *low,
+                                    __m512d *high) {
+    if (!rounded) {
+        *low = _mm512_fmadd_pd(a0, b0, *low);
+        *high = _mm512_fmadd_pd(a1, b1, *high);
+        return;
+    }
+    __m512d p0 = _mm512_mul_pd(a0, b0), p1 = _mm512_mul_pd(a1, b1);
+#if defined(__GNUC__)
+    __asm__("" : "+v"(p0), "+v"(p1));
+#endif
+    *low = _mm512_add_pd(*low, p0);
+    *high = _mm512_add_pd(*high, p1);
+}
+
 /* Unscaled dot product of `a` (a decoded float64 row when a_dtype is float64) and `b` (stored).
- * Four accumulators hide the FMA latency; masked loads never read past either row. */
+ * Masked loads never read past either row. */
 NK_INLINE double nk_x512_dot_kernel(int a_dtype, void const *a, int b_dtype, void const *b, uint64_t depth) {
-    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
-    __m512d sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
-    __m512d a0, a1, a2, a3, b0, b1, b2, b3;
+    int const rounded = a_dtype == nk_dtype_float64_k && b_dtype == nk_dtype_float64_k;
+    __m512d low = _mm512_setzero_pd(), high = _mm512_setzero_pd();
+    __m512d a0, a1, b0, b1;
     uint64_t k = 0;
-    for (; k + 32 <= depth; k += 32) {
+    for (; k + 16 <= depth; k += 16) {
         nk_x512_load16(a_dtype, a, k, 0xFFFF, &a0, &a1);
         nk_x512_load16(b_dtype, b, k, 0xFFFF, &b0, &b1);
-        nk_x512_load16(a_dtype, a, k + 16, 0xFFFF, &a2, &a3);
-        nk_x512_load16(b_dtype, b, k + 16, 0xFFFF, &b2, &b3);
-        sum0 = _mm512_fmadd_pd(a0, b0, sum0);
-        sum1 = _mm512_fmadd_pd(a1, b1, sum1);
-        sum2 = _mm512_fmadd_pd(a2, b2, sum2);
-        sum3 = _mm512_fmadd_pd(a3, b3, sum3);
+        nk_x512_add_products(rounded, a0, b0, a1, b1, &low, &high);
     }
-    for (; k < depth; k += 16) {
+    if (k < depth) {
         __mmask16 lanes = nk_x512_tail_mask(depth - k);
         nk_x512_load16(a_dtype, a, k, lanes, &a0, &a1);
         nk_x512_load16(b_dtype, b, k, lanes, &b0, &b1);
-        sum0 = _mm512_fmadd_pd(a0, b0, sum0);
-        sum1 = _mm512_fmadd_pd(a1, b1, sum1);
+        nk_x512_add_products(rounded, a0, b0, a1, b1, &low, &high);
     }
-    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(sum0, sum1), _mm512_add_pd(sum2, sum3)));
+    return nk_x512_reduce16(low, high);
 }
 
 /* 16 elements of a half-based row (float16 or a minifloat's half image) as float32, exactly. */
@@ -111,30 +135,37 @@ NK_INLINE __m512 nk_x512_load16_half(int dtype, void const *row, uint64_t k, __m
     return _mm512_cvtph_ps(nk_x512_minifloat_to_half(dtype, _mm_maskz_loadu_epi8(lanes, (uint8_t const *)row + k)));
 }
 
+/* 16 exact float32 products (of two half images) into lanes 0-7 and 8-15. */
+NK_INLINE void nk_x512_add_product_ps(__m512 product, __m512d *low, __m512d *high) {
+    *low = _mm512_add_pd(*low, _mm512_cvtps_pd(_mm512_castps512_ps256(product)));
+    *high = _mm512_add_pd(*high, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product, 1)));
+}
+
 /* Unscaled dot product of two stored half-based rows. A product of two halves (11-bit significands)
  * is exact in float32, so each pair is multiplied there and only the product is widened. */
 NK_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b, uint64_t depth) {
-    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
-    __m512d sum2 = _mm512_setzero_pd(), sum3 = _mm512_setzero_pd();
+    __m512d low = _mm512_setzero_pd(), high = _mm512_setzero_pd();
     uint64_t k = 0;
-    for (; k + 32 <= depth; k += 32) {
-        __m512 product0 = _mm512_mul_ps(nk_x512_load16_half(dtype, a, k, 0xFFFF),
-                                        nk_x512_load16_half(dtype, b, k, 0xFFFF));
-        __m512 product1 = _mm512_mul_ps(nk_x512_load16_half(dtype, a, k + 16, 0xFFFF),
-                                        nk_x512_load16_half(dtype, b, k + 16, 0xFFFF));
-        sum0 = _mm512_add_pd(sum0, _mm512_cvtps_pd(_mm512_castps512_ps256(product0)));
-        sum1 = _mm512_add_pd(sum1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product0, 1)));
-        sum2 = _mm512_add_pd(sum2, _mm512_cvtps_pd(_mm512_castps512_ps256(product1)));
-        sum3 = _mm512_add_pd(sum3, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product1, 1)));
+    /* float16 loads are cheap: two steps an iteration keep more of them ahead (measured 7 % faster at
+     * depth 128; the minifloats' decoding already does, and measured slower unrolled). */
+    for (; dtype == nk_dtype_float16_k && k + 32 <= depth; k += 32) {
+        __m512 p0 = _mm512_mul_ps(nk_x512_load16_half(dtype, a, k, 0xFFFF), nk_x512_load16_half(dtype, b, k, 0xFFFF));
+        __m512 p1 = _mm512_mul_ps(nk_x512_load16_half(dtype, a, k + 16, 0xFFFF),
+                                  nk_x512_load16_half(dtype, b, k + 16, 0xFFFF));
+        nk_x512_add_product_ps(p0, &low, &high);
+        nk_x512_add_product_ps(p1, &low, &high);
     }
-    for (; k < depth; k += 16) {
+    for (; k + 16 <= depth; k += 16)
+        nk_x512_add_product_ps(_mm512_mul_ps(nk_x512_load16_half(dtype, a, k, 0xFFFF),
+                                             nk_x512_load16_half(dtype, b, k, 0xFFFF)),
+                               &low, &high);
+    if (k < depth) {
         __mmask16 lanes = nk_x512_tail_mask(depth - k);
-        __m512 product =
-            _mm512_mul_ps(nk_x512_load16_half(dtype, a, k, lanes), nk_x512_load16_half(dtype, b, k, lanes));
-        sum0 = _mm512_add_pd(sum0, _mm512_cvtps_pd(_mm512_castps512_ps256(product)));
-        sum1 = _mm512_add_pd(sum1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product, 1)));
+        nk_x512_add_product_ps(
+            _mm512_mul_ps(nk_x512_load16_half(dtype, a, k, lanes), nk_x512_load16_half(dtype, b, k, lanes)), &low,
+            &high);
     }
-    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(sum0, sum1), _mm512_add_pd(sum2, sum3)));
+    return nk_x512_reduce16(low, high);
 }
 
 /* ---- Exact integer dot products of fp6 rows. ----
@@ -203,9 +234,10 @@ NK_INLINE double nk_x512_dot_fp6(int dtype, void const *a, void const *b, uint64
         total = nk_x512_add_lanes_pd(total, _mm512_add_epi32(sum0, sum1), 1.0);
     }
     double unit = dtype == nk_dtype_e2m3_k ? 0x1p-6 : 0x1p-8; /* the square of the unit */
-    return _mm512_reduce_add_pd(total) * unit;
+    return _mm512_reduce_add_pd(total) * unit; /* integers below 2^53: exact in any order */
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
 /* ---- Exact integer dot products of e4m3 rows. ----
  * Every e4m3 value is a multiple of 2^-9, at most 448 = 229,376 of those units (18 bits). VBMI's
  * two-register byte permute turns a code's 7-bit magnitude (the sign bit is ignored as an index) into
@@ -217,6 +249,7 @@ NK_INLINE double nk_x512_dot_fp6(int dtype, void const *a, void const *b, uint64
  * that packing never stores); each chunk is then added in float64, where the whole sum (< 2^53
  * units^2) stays exact. About two thirds of the cost of decoding to floats at depth 128, half at 768;
  * rows shorter than one step (64) are decoded instead. */
+#define NK_X512_E4M3_INTEGER 1
 #define NK_X512_E4M3_CHUNK 2048u
 /* Magnitude code c in units: (8 + mantissa) << (exponent - 1), or the mantissa alone when the
  * exponent field is 0. The shift count is never negative, not even in the arm not taken. */
@@ -238,10 +271,16 @@ static _Alignas(64) uint8_t const nk_x512_e4m3_digits[3][128] = {
     {NK_X512_E4M3_DIGITS64(0, 2), NK_X512_E4M3_DIGITS64(64, 2)},
 };
 
+/* Rows shorter than one step, decoded. Out of line: inlined, GCC -O3 allocates the registers of the
+ * digit loop below worse (measured 10-30 % slower at depth 128). */
+static NK_NOINLINE double nk_x512_dot_e4m3_short(void const *a, void const *b, uint64_t depth) {
+    return nk_x512_dot_halves(nk_dtype_e4m3_k, a, b, depth) * nk_x512_product_scale(nk_dtype_e4m3_k);
+}
+
 /* The dot product of two stored e4m3 rows, exactly (already scaled: not a half-image sum). */
 NK_INLINE double nk_x512_dot_e4m3(void const *a, void const *b, uint64_t depth) {
     if (depth < 64) /* one step: the fold costs more than the decoding it saves (measured crossover) */
-        return nk_x512_dot_halves(nk_dtype_e4m3_k, a, b, depth) * nk_x512_product_scale(nk_dtype_e4m3_k);
+        return nk_x512_dot_e4m3_short(a, b, depth);
     __m512i low_table[3], high_table[3];
     for (int i = 0; i < 3; ++i) {
         low_table[i] = _mm512_load_si512(nk_x512_e4m3_digits[i]);
@@ -274,13 +313,20 @@ NK_INLINE double nk_x512_dot_e4m3(void const *a, void const *b, uint64_t depth) 
                                         _mm512_slli_epi32(acc[4], 12));
         total = nk_x512_add_lanes_pd(nk_x512_add_lanes_pd(total, low, 1.0), high, 4096.0);
     }
-    return _mm512_reduce_add_pd(total) * 0x1p-18; /* the square of the unit */
+    return _mm512_reduce_add_pd(total) * 0x1p-18; /* exact in any order; the square of the unit */
 }
+
+#else /* skylake: no byte permute or VNNI; decoded like e5m2 (exact all the same, see the bounds) */
+#define NK_X512_E4M3_INTEGER 0
+NK_INLINE double nk_x512_dot_e4m3(void const *a, void const *b, uint64_t depth) {
+    return nk_x512_dot_halves(nk_dtype_e4m3_k, a, b, depth) * nk_x512_product_scale(nk_dtype_e4m3_k);
+}
+#endif
 
 /* Formats whose dot products are exact integer sums here: never decoded to floats for rescoring, and
  * their float32 checks are replaced by the exact cosine (no dearer). */
 static inline int nk_x512_is_integer(int dtype) {
-    return dtype == nk_dtype_e4m3_k || dtype == nk_dtype_e2m3_k || dtype == nk_dtype_e3m2_k;
+    return (NK_X512_E4M3_INTEGER && dtype == nk_dtype_e4m3_k) || dtype == nk_dtype_e2m3_k || dtype == nk_dtype_e3m2_k;
 }
 
 /* Dot product of a decoded (float64, unscaled) query row with a stored document row. */

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "avx512_dot.h"
 #include "avx512_shared.h"
 #include "maxsim_internal.h"
 
@@ -21,158 +22,14 @@
 #define NK_SKL_BLOCK_DOCS 960u
 #define NK_SKL_CHUNK_GROUPS 128u /* 4-depth groups per depth chunk of split query words */
 
-/* ---- Exact float64 dot products of stored rows ---- */
+/* ---- Exact float64 dot products of stored rows: the shared AVX-512 ones (avx512_dot.h), in the
+ * canonical order every family follows. ---- */
 
-static inline __mmask8 nk_skl_mask8(uint64_t n) { return (__mmask8)((1u << n) - 1u); }
 static inline __mmask16 nk_skl_mask16(uint64_t n) { return (__mmask16)((1u << n) - 1u); }
 
-static double nk_skl_dot_f64(double const *a, double const *b, uint64_t n) {
-    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd(), s2 = _mm512_setzero_pd(), s3 = _mm512_setzero_pd();
-    uint64_t k = 0;
-    for (; k + 32 <= n; k += 32) {
-        s0 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k), _mm512_loadu_pd(b + k), s0);
-        s1 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k + 8), _mm512_loadu_pd(b + k + 8), s1);
-        s2 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k + 16), _mm512_loadu_pd(b + k + 16), s2);
-        s3 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k + 24), _mm512_loadu_pd(b + k + 24), s3);
-    }
-    for (; k + 8 <= n; k += 8) s0 = _mm512_fmadd_pd(_mm512_loadu_pd(a + k), _mm512_loadu_pd(b + k), s0);
-    if (k < n) {
-        __mmask8 m = nk_skl_mask8(n - k);
-        s1 = _mm512_fmadd_pd(_mm512_maskz_loadu_pd(m, a + k), _mm512_maskz_loadu_pd(m, b + k), s1);
-    }
-    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(s0, s1), _mm512_add_pd(s2, s3)));
-}
-
-/* float32 x float32 is not exact in float32: widen to double first. */
-static inline __m512d nk_skl_load_f32_as_f64(float const *p) { return _mm512_cvtps_pd(_mm256_loadu_ps(p)); }
-
-static double nk_skl_dot_f32(float const *a, float const *b, uint64_t n) {
-    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd(), s2 = _mm512_setzero_pd(), s3 = _mm512_setzero_pd();
-    uint64_t k = 0;
-    for (; k + 32 <= n; k += 32) {
-        s0 = _mm512_fmadd_pd(nk_skl_load_f32_as_f64(a + k), nk_skl_load_f32_as_f64(b + k), s0);
-        s1 = _mm512_fmadd_pd(nk_skl_load_f32_as_f64(a + k + 8), nk_skl_load_f32_as_f64(b + k + 8), s1);
-        s2 = _mm512_fmadd_pd(nk_skl_load_f32_as_f64(a + k + 16), nk_skl_load_f32_as_f64(b + k + 16), s2);
-        s3 = _mm512_fmadd_pd(nk_skl_load_f32_as_f64(a + k + 24), nk_skl_load_f32_as_f64(b + k + 24), s3);
-    }
-    for (; k + 8 <= n; k += 8) s0 = _mm512_fmadd_pd(nk_skl_load_f32_as_f64(a + k), nk_skl_load_f32_as_f64(b + k), s0);
-    if (k < n) {
-        __mmask8 m = nk_skl_mask8(n - k);
-        s1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, a + k)),
-                             _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, b + k)), s1);
-    }
-    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(s0, s1), _mm512_add_pd(s2, s3)));
-}
-
-/* bfloat16 products may leave the float32 range (rows are stored bit-exact): widen to double. */
-static inline __m512 nk_skl_bf16_to_f32(__m256i bits) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
-static inline void nk_skl_fma_f32_as_f64(__m512 x, __m512 y, __m512d *lo, __m512d *hi) {
-    __m512d x_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x)), y_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(y));
-    __m512d x_hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)), y_hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1));
-    *lo = _mm512_fmadd_pd(x_lo, y_lo, *lo);
-    *hi = _mm512_fmadd_pd(x_hi, y_hi, *hi);
-}
-
-static double nk_skl_dot_bf16(uint16_t const *a, uint16_t const *b, uint64_t n) {
-    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
-    uint64_t k = 0;
-    for (; k + 16 <= n; k += 16)
-        nk_skl_fma_f32_as_f64(nk_skl_bf16_to_f32(_mm256_loadu_si256((__m256i const *)(a + k))),
-                              nk_skl_bf16_to_f32(_mm256_loadu_si256((__m256i const *)(b + k))), &s0, &s1);
-    if (k < n) {
-        __mmask16 m = nk_skl_mask16(n - k);
-        nk_skl_fma_f32_as_f64(nk_skl_bf16_to_f32(_mm256_maskz_loadu_epi16(m, a + k)),
-                              nk_skl_bf16_to_f32(_mm256_maskz_loadu_epi16(m, b + k)), &s0, &s1);
-    }
-    return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
-}
-
-/* Two IEEE halves multiply exactly in float32 (11 + 11 significant bits, exponents in range),
- * so only the sum needs float64. */
-static inline void nk_skl_add_exact_products(__m512 x, __m512 y, __m512d *lo, __m512d *hi) {
-    __m512 p = _mm512_mul_ps(x, y);
-    *lo = _mm512_add_pd(*lo, _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
-    *hi = _mm512_add_pd(*hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(p, 1)));
-}
-
-static double nk_skl_dot_f16(uint16_t const *a, uint16_t const *b, uint64_t n) {
-    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd(), s2 = _mm512_setzero_pd(), s3 = _mm512_setzero_pd();
-    uint64_t k = 0;
-    for (; k + 32 <= n; k += 32) {
-        nk_skl_add_exact_products(_mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(a + k))),
-                                  _mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(b + k))), &s0, &s1);
-        nk_skl_add_exact_products(_mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(a + k + 16))),
-                                  _mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(b + k + 16))), &s2, &s3);
-    }
-    for (; k + 16 <= n; k += 16)
-        nk_skl_add_exact_products(_mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(a + k))),
-                                  _mm512_cvtph_ps(_mm256_loadu_si256((__m256i const *)(b + k))), &s0, &s1);
-    if (k < n) {
-        __mmask16 m = nk_skl_mask16(n - k);
-        nk_skl_add_exact_products(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + k)),
-                                  _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b + k)), &s2, &s3);
-    }
-    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(s0, s1), _mm512_add_pd(s2, s3)));
-}
-
-/* 16 bytes of an 8- or 6-bit float format -> 16 IEEE half bit patterns (maxsim_internal.h):
- * half = ((b & sign_mask) << sign_shift) | ((b & magnitude_mask) << magnitude_shift). */
-NK_INLINE __m512 nk_skl_mini_to_f32(__m128i bytes, int sign_mask, int sign_shift,
-                                                                      int magnitude_mask, int magnitude_shift) {
-    __m256i w = _mm256_cvtepu8_epi16(bytes);
-    __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16((short)sign_mask)), sign_shift);
-    __m256i magnitude =
-        _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16((short)magnitude_mask)), magnitude_shift);
-    return _mm512_cvtph_ps(_mm256_or_si256(sign, magnitude));
-}
-
-/* Sum of products of the half-scaled values; the caller multiplies by the squared power-of-two
- * scale, which commutes exactly with every rounding of the sum. */
-NK_INLINE double nk_skl_dot_mini(uint8_t const *a, uint8_t const *b, uint64_t n,
-                                                                   int sign_mask, int sign_shift, int magnitude_mask,
-                                                                   int magnitude_shift) {
-    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd(), s2 = _mm512_setzero_pd(), s3 = _mm512_setzero_pd();
-    uint64_t k = 0;
-#define NK_SKL_MINI(p) nk_skl_mini_to_f32(p, sign_mask, sign_shift, magnitude_mask, magnitude_shift)
-    for (; k + 32 <= n; k += 32) {
-        nk_skl_add_exact_products(NK_SKL_MINI(_mm_loadu_si128((__m128i const *)(a + k))),
-                                  NK_SKL_MINI(_mm_loadu_si128((__m128i const *)(b + k))), &s0, &s1);
-        nk_skl_add_exact_products(NK_SKL_MINI(_mm_loadu_si128((__m128i const *)(a + k + 16))),
-                                  NK_SKL_MINI(_mm_loadu_si128((__m128i const *)(b + k + 16))), &s2, &s3);
-    }
-    for (; k + 16 <= n; k += 16)
-        nk_skl_add_exact_products(NK_SKL_MINI(_mm_loadu_si128((__m128i const *)(a + k))),
-                                  NK_SKL_MINI(_mm_loadu_si128((__m128i const *)(b + k))), &s0, &s1);
-    if (k < n) {
-        __mmask16 m = nk_skl_mask16(n - k);
-        nk_skl_add_exact_products(NK_SKL_MINI(_mm_maskz_loadu_epi8(m, a + k)),
-                                  NK_SKL_MINI(_mm_maskz_loadu_epi8(m, b + k)), &s2, &s3);
-    }
-#undef NK_SKL_MINI
-    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(s0, s1), _mm512_add_pd(s2, s3)));
-}
-
 /* float64 dot of two stored rows, decoded exactly as nk_decode() does. */
-static double nk_skl_dot(int dtype, void const *a, void const *b, uint64_t n) {
-    uint8_t const *a8 = (uint8_t const *)a, *b8 = (uint8_t const *)b;
-    switch (dtype) {
-    case nk_dtype_float64_k: return nk_skl_dot_f64((double const *)a, (double const *)b, n);
-    case nk_dtype_float32_k: return nk_skl_dot_f32((float const *)a, (float const *)b, n);
-    case nk_dtype_float16_k: return nk_skl_dot_f16((uint16_t const *)a, (uint16_t const *)b, n);
-    case nk_dtype_bfloat16_k: return nk_skl_dot_bf16((uint16_t const *)a, (uint16_t const *)b, n);
-    case nk_dtype_e4m3_k:
-        return nk_skl_dot_mini(a8, b8, n, 0x80, 8, 0x7F, 7) * ((double)nk_e4m3_half_scale_k * nk_e4m3_half_scale_k);
-    case nk_dtype_e5m2_k:
-        return nk_skl_dot_mini(a8, b8, n, 0x80, 8, 0x7F, 8) * ((double)nk_e5m2_half_scale_k * nk_e5m2_half_scale_k);
-    case nk_dtype_e2m3_k:
-        return nk_skl_dot_mini(a8, b8, n, 0x20, 10, 0x1F, 7) * ((double)nk_e2m3_half_scale_k * nk_e2m3_half_scale_k);
-    case nk_dtype_e3m2_k:
-        return nk_skl_dot_mini(a8, b8, n, 0x20, 10, 0x1F, 8) * ((double)nk_e3m2_half_scale_k * nk_e3m2_half_scale_k);
-    default: return 0.0;
-    }
+static inline double nk_skl_dot(int dtype, void const *a, void const *b, uint64_t n) {
+    return nk_x512_dot_stored(dtype, a, b, n);
 }
 
 /* Exact cosine exactly as the contract states: (float64 dot) * inv_q * inv_d. */

@@ -1,0 +1,101 @@
+"""The same bits on every kernel family.
+
+Every family follows one canonical evaluation of the exact float64 dot product (16 lane sums, one
+halving tree: src/kernels/maxsim_internal.h), so for the same packed operands every family forced
+through capabilities= returns the identical float64, on x86 and Arm alike: shards of one corpus
+served by different machines rank near-ties the same way. Checked bit for bit (float.hex) for every
+dtype, on awkward depths (around and between 16-element steps, many steps, a long row) and row
+counts (one and many query rows, one and 1,100 document rows), on random, near-tie, outlier and
+zero-row data, through maxsim_packed and through a packed corpus; every score also matches the
+independent float64 reference.
+"""
+import functools
+
+import numpy as np
+import pytest
+
+import numkong as nk
+from conftest import AVAILABLE_FAMILIES, RTOL, assert_score_close, dtype_params, reference_maxsim
+
+DEPTHS = [1, 3, 17, 129, 1000, 4100]
+SHAPES = [(1, 1), (1, 1100), (37, 1), (37, 1100)]  # (query rows, document rows)
+KINDS = ["random", "near_tie", "outlier", "zero_rows"]
+# The corpus splits 1,100 document rows into documents of these lengths (one row stays one document).
+CORPUS_LENGTHS = [1, 3, 16, 17, 33, 130, 900]
+
+
+@functools.lru_cache(maxsize=None)
+def _data(kind, depth, queries, documents):
+    """float64 (queries, documents) of one kind, read-only."""
+    rng = np.random.default_rng([KINDS.index(kind), depth, queries, documents])
+    q = rng.standard_normal((queries, depth))
+    d = rng.standard_normal((documents, depth))
+    if kind == "near_tie":
+        # Document rows are query rows nudged by 2^-52 .. 2^-10 of themselves (or not at all): the best
+        # cosines of a query row differ only in their last bits, where summation order shows.
+        nudge = np.ldexp(1.0, -rng.integers(10, 53, size=(documents, 1)))
+        nudge[rng.random(documents) < 0.1] = 0.0
+        d = q[np.arange(documents) % queries] * (1.0 + nudge * rng.standard_normal((documents, depth)))
+    elif kind == "outlier":
+        # Transformer-like outlier dimensions, and rows of very different magnitudes.
+        for x in (q, d):
+            x[:, 5::37] *= 100.0
+            x *= np.ldexp(1.0, rng.integers(-30, 31, size=(x.shape[0], 1)))
+    elif kind == "zero_rows":
+        q[1::3] = 0.0
+        d[1::3] = 0.0
+        d[2::7] = q[0]  # and exact ties with a query row
+    q.setflags(write=False)
+    d.setflags(write=False)
+    return q, d
+
+
+def _hex_scores(values):
+    return [float(v).hex() for v in values]
+
+
+def _split(documents):
+    lengths = CORPUS_LENGTHS if len(documents) == sum(CORPUS_LENGTHS) else [len(documents)]
+    bounds = np.cumsum([0] + lengths)
+    return [documents[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
+
+
+CASES = [
+    pytest.param(depth, shape, kind, id=f"depth{depth}-{shape[0]}x{shape[1]}-{kind}")
+    for depth in DEPTHS
+    for shape in SHAPES
+    for kind in KINDS
+]
+
+
+@pytest.mark.parametrize("depth, shape, kind", CASES)
+@pytest.mark.parametrize("name", dtype_params())
+def test_every_family_returns_the_same_bits(name, depth, shape, kind):
+    q, d = _data(kind, depth, *shape)
+    packed_q, packed_d = nk.maxsim_pack(q, name), nk.maxsim_pack(d, name)
+    scores = {family.name.lower(): nk.maxsim_packed(packed_q, packed_d, capabilities=family)
+              for family in AVAILABLE_FAMILIES}
+    serial = scores["serial"]
+    assert_score_close(serial, reference_maxsim(q, d, name), RTOL[name], f"serial {name} vs reference")
+    different = {family: score.hex() for family, score in scores.items() if score.hex() != serial.hex()}
+    assert not different, f"{name}: serial gives {serial.hex()}, but {different}"
+
+
+@pytest.mark.parametrize("depth, shape, kind", CASES)
+@pytest.mark.parametrize("name", dtype_params())
+def test_every_family_returns_the_same_corpus_bits(name, depth, shape, kind):
+    q, d = _data(kind, depth, *shape)
+    documents = _split(d)
+    packed_q = nk.maxsim_pack(q, name)
+    corpus = nk.maxsim_pack_corpus(documents, name)
+    scores = {family.name.lower(): _hex_scores(nk.maxsim_packed_corpus(packed_q, corpus, capabilities=family))
+              for family in AVAILABLE_FAMILIES}
+    serial = scores["serial"]
+    # The corpus path scores each document as maxsim_packed does (here with the best family, which the
+    # test above holds to serial's bits), bit for bit, and near the reference.
+    pairs = [nk.maxsim_packed(packed_q, nk.maxsim_pack(document, name)) for document in documents]
+    assert serial == _hex_scores(pairs)
+    for document, score in zip(documents, pairs):
+        assert_score_close(score, reference_maxsim(q, document, name), RTOL[name], f"serial {name} vs reference")
+    different = {family: s for family, s in scores.items() if s != serial}
+    assert not different, f"{name}: serial gives {serial}, but {different}"
