@@ -36,10 +36,14 @@
  *       naming a u at most 2^-16 |u| below the row's largest (what tagging a u's low 6 mantissa bits
  *       with its tile loses); the driver bounds the row from it. The family may use u as scratch until
  *       it returns.
- *   unsigned nk_family_scan(float const *row_u, uint64_t *tile, uint64_t tiles, float cut,
- *                           float *list_u, int32_t *list_doc, unsigned capacity)
- *       Append the documents of 16-document tiles [*tile, tiles) whose u >= cut (their u and
- *       index) until fewer than 16 free entries remain; leaves *tile where it stopped.
+ *   The compares of step 3, over 16-document tiles of one row's u (64-byte aligned):
+ *   nk_family_cut_t nk_family_cut(float cut)                     the cut, broadcast
+ *   int nk_family_any_hit4(float const *tile_u, nk_family_cut_t cut)
+ *       Whether any u of the 4 tiles from tile_u reaches the cut (the usual answer: no).
+ *   uint64_t nk_family_hit_bits(float const *tile_u, nk_family_cut_t cut)
+ *       Bit NK_FAMILY_BITS_PER_DOC * l set when u[l] >= cut, no other bits.
+ *   and optionally nk_family_collect(tile_u, bits, first_doc, list_u, list_doc, count), appending
+ *       the hits (at most 16) to the lists, where the family has a faster way than one at a time.
  *   void nk_family_dot_batch(int dtype, void const *const *a, void const *const *b, unsigned n,
  *                            uint64_t depth, double *out)
  *       n canonical exact dot products of stored rows (maxsim_internal.h).
@@ -226,6 +230,52 @@ static void nk_driver_drain(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d
     (void)decoded;
 }
 
+/* ---- Step 3's scan, over the family's compares. ---- */
+
+#ifndef nk_family_collect
+/* Append the documents of one tile whose bit is set (the rare case: a plain loop). */
+NK_INLINE unsigned nk_driver_collect(float const *tile_u, uint64_t bits, uint64_t first_doc, float *list_u,
+                                     int32_t *list_doc, unsigned count) {
+    for (; bits; bits &= bits - 1, ++count) {
+        unsigned lane = nk_ctz64(bits) / NK_FAMILY_BITS_PER_DOC;
+        list_u[count] = tile_u[lane], list_doc[count] = (int32_t)(first_doc + lane);
+    }
+    return count;
+}
+#define nk_family_collect nk_driver_collect
+#endif
+
+/* Append the documents of tiles [*tile, tiles) whose u reaches the cut until fewer than 16 free
+ * entries remain; *tile is left where the scan stopped (tiles when it finished). Four tiles per
+ * test keep the usual no-candidate case to one branch; a hit compares its tiles again rather than
+ * keep 4 vectors live. */
+NK_INLINE unsigned nk_driver_scan(float const *row_u, uint64_t *tile, uint64_t tiles, float cut, float *list_u,
+                                  int32_t *list_doc, unsigned capacity) {
+    nk_family_cut_t limit = nk_family_cut(cut);
+    unsigned count = 0;
+    uint64_t t = *tile;
+    for (; t + 4 <= tiles; t += 4) {
+        if (!nk_family_any_hit4(row_u + NK_SCREEN_TILE * t, limit)) continue;
+        for (uint64_t v = t; v < t + 4; ++v) {
+            uint64_t bits = nk_family_hit_bits(row_u + NK_SCREEN_TILE * v, limit);
+            if (!bits) continue;
+            if (count + NK_SCREEN_TILE > capacity) {
+                *tile = v;
+                return count;
+            }
+            count = nk_family_collect(row_u + NK_SCREEN_TILE * v, bits, NK_SCREEN_TILE * v, list_u, list_doc, count);
+        }
+    }
+    for (; t < tiles; ++t) {
+        uint64_t bits = nk_family_hit_bits(row_u + NK_SCREEN_TILE * t, limit);
+        if (!bits) continue;
+        if (count + NK_SCREEN_TILE > capacity) break;
+        count = nk_family_collect(row_u + NK_SCREEN_TILE * t, bits, NK_SCREEN_TILE * t, list_u, list_doc, count);
+    }
+    *tile = t;
+    return count;
+}
+
 /* Steps 2-5 for one screened block. */
 static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, nk_driver_group_t *g,
                                  uint64_t first_doc, uint64_t docs, float *u, int32_t const *top,
@@ -254,7 +304,7 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
         checked_against[r] = -INFINITY;
         if (!(g->live >> r & 1)) continue;
         lists->next_tile[r] = 0;
-        lists->count[r] = nk_family_scan(u + (uint64_t)r * NK_DRIVER_BLOCK, &lists->next_tile[r], tiles, g->cut[r],
+        lists->count[r] = nk_driver_scan(u + (uint64_t)r * NK_DRIVER_BLOCK, &lists->next_tile[r], tiles, g->cut[r],
                                          lists->u[r], lists->doc[r], NK_DRIVER_LIST);
         if (!lists->count[r]) continue;
         active[live++] = r;
@@ -307,7 +357,7 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
         }
 #endif
         while (lists->next_tile[r] < tiles) {
-            lists->count[r] = nk_family_scan(u + (uint64_t)r * NK_DRIVER_BLOCK, &lists->next_tile[r], tiles,
+            lists->count[r] = nk_driver_scan(u + (uint64_t)r * NK_DRIVER_BLOCK, &lists->next_tile[r], tiles,
                                              g->cut[r], lists->u[r], lists->doc[r], NK_DRIVER_LIST);
             nk_driver_drain(q, d, g, lists, r, first_doc, decoded);
         }

@@ -194,6 +194,24 @@ static inline uint16_t nk_e3m2_to_half_bits(uint8_t b) { return (uint16_t)(((b &
 #define nk_e5m2_half_scale_k 1.0f
 #define nk_e2m3_half_scale_k 16384.0f
 #define nk_e3m2_half_scale_k 4096.0f
+/* X(format, dtype code, half scale) for each minifloat: the families' per-format lists expand it. */
+#define NK_FOR_EACH_MINIFLOAT(X) \
+    X(e4m3, nk_dtype_e4m3_k, nk_e4m3_half_scale_k) \
+    X(e5m2, nk_dtype_e5m2_k, nk_e5m2_half_scale_k) \
+    X(e2m3, nk_dtype_e2m3_k, nk_e2m3_half_scale_k) \
+    X(e3m2, nk_dtype_e3m2_k, nk_e3m2_half_scale_k)
+
+/* Square of the power of two that a minifloat's half images are scaled by (1 for other dtypes):
+ * a dot of half images times this is the dot of the values, exactly. */
+static inline double nk_half_scale_squared(int dtype) {
+    switch (dtype) {
+#define NK_SCALE_CASE(format, code, scale) \
+    case code: return (double)scale * (double)scale;
+        NK_FOR_EACH_MINIFLOAT(NK_SCALE_CASE)
+#undef NK_SCALE_CASE
+    default: return 1.0;
+    }
+}
 
 /* Element k of a row of `dtype`, decoded exactly to double. */
 static inline double nk_decode(int dtype, void const *row, uint64_t k) {

@@ -127,45 +127,38 @@ NK_INLINE uint16x8_t nk_arm_minifloat_to_half(int dtype, uint8x8_t bytes) {
     }
 }
 
-#define NK_ARM_STEP_MINIFLOAT(format, dtype) \
+/* Per minifloat format: 16 bytes as exact half products into the 16 lanes, and the canonical dot
+ * of half images; nk_arm_dot applies the power-of-two scales (exact). */
+#define NK_ARM_DOT_MINIFLOAT(format, dtype, scale) \
     NK_INLINE void nk_arm_step_##format(uint8_t const *x, uint8_t const *y, float64x2_t s[8]) { \
         uint8x16_t xb = vld1q_u8(x), yb = vld1q_u8(y); \
         nk_arm_add_f16x8_products(nk_arm_minifloat_to_half(dtype, vget_low_u8(xb)), \
                                   nk_arm_minifloat_to_half(dtype, vget_low_u8(yb)), s); \
         nk_arm_add_f16x8_products(nk_arm_minifloat_to_half(dtype, vget_high_u8(xb)), \
                                   nk_arm_minifloat_to_half(dtype, vget_high_u8(yb)), s + 4); \
-    }
-NK_ARM_STEP_MINIFLOAT(e4m3, nk_dtype_e4m3_k)
-NK_ARM_STEP_MINIFLOAT(e5m2, nk_dtype_e5m2_k)
-NK_ARM_STEP_MINIFLOAT(e2m3, nk_dtype_e2m3_k)
-NK_ARM_STEP_MINIFLOAT(e3m2, nk_dtype_e3m2_k)
-#undef NK_ARM_STEP_MINIFLOAT
+    } \
+    NK_ARM_DOT_CANONICAL(nk_arm_dot_halves_##format, uint8_t, nk_arm_step_##format)
+NK_FOR_EACH_MINIFLOAT(NK_ARM_DOT_MINIFLOAT)
+#undef NK_ARM_DOT_MINIFLOAT
 
 NK_ARM_DOT_CANONICAL(nk_arm_dot_f64, double, nk_arm_step_f64)
 NK_ARM_DOT_CANONICAL(nk_arm_dot_f32, float, nk_arm_step_f32)
 NK_ARM_DOT_CANONICAL(nk_arm_dot_bf16, uint16_t, nk_arm_step_bf16)
 NK_ARM_DOT_CANONICAL(nk_arm_dot_f16, uint16_t, nk_arm_step_f16)
-/* Minifloats in half-image units; the caller applies both power-of-two scales (exact). */
-NK_ARM_DOT_CANONICAL(nk_arm_dot_halves_e4m3, uint8_t, nk_arm_step_e4m3)
-NK_ARM_DOT_CANONICAL(nk_arm_dot_halves_e5m2, uint8_t, nk_arm_step_e5m2)
-NK_ARM_DOT_CANONICAL(nk_arm_dot_halves_e2m3, uint8_t, nk_arm_step_e2m3)
-NK_ARM_DOT_CANONICAL(nk_arm_dot_halves_e3m2, uint8_t, nk_arm_step_e3m2)
 #undef NK_ARM_DOT_CANONICAL
 
-#define NK_ARM_SCALE2(s) ((double)(s) * (double)(s))
 static double nk_arm_dot(int dtype, void const *a, void const *b, uint64_t depth) {
     switch (dtype) {
     case nk_dtype_float64_k: return nk_arm_dot_f64(a, b, depth);
     case nk_dtype_float32_k: return nk_arm_dot_f32(a, b, depth);
     case nk_dtype_float16_k: return nk_arm_dot_f16(a, b, depth);
     case nk_dtype_bfloat16_k: return nk_arm_dot_bf16(a, b, depth);
-    case nk_dtype_e4m3_k: return nk_arm_dot_halves_e4m3(a, b, depth) * NK_ARM_SCALE2(nk_e4m3_half_scale_k);
-    case nk_dtype_e5m2_k: return nk_arm_dot_halves_e5m2(a, b, depth) * NK_ARM_SCALE2(nk_e5m2_half_scale_k);
-    case nk_dtype_e2m3_k: return nk_arm_dot_halves_e2m3(a, b, depth) * NK_ARM_SCALE2(nk_e2m3_half_scale_k);
-    case nk_dtype_e3m2_k: return nk_arm_dot_halves_e3m2(a, b, depth) * NK_ARM_SCALE2(nk_e3m2_half_scale_k);
+#define NK_ARM_DOT_CASE(format, code, scale) \
+    case code: return nk_arm_dot_halves_##format(a, b, depth) * nk_half_scale_squared(code);
+        NK_FOR_EACH_MINIFLOAT(NK_ARM_DOT_CASE)
+#undef NK_ARM_DOT_CASE
     default: return 0.0;
     }
 }
-#undef NK_ARM_SCALE2
 
 #endif /* NUMKONG_ARM_NEON_DOT_H */

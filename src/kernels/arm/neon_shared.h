@@ -206,49 +206,14 @@ NK_INLINE uint64_t nk_arm_hit_bits(uint8x16_t hits) {
            0x1111111111111111ull;
 }
 
-/* Append the hits of tile t (at most 16) to the list. */
-NK_INLINE unsigned nk_arm_collect(float const *tile_u, uint64_t bits, uint64_t t, float *list_u, int32_t *list_doc,
-                                  unsigned count) {
-    for (; bits; bits &= bits - 1, ++count) {
-        unsigned lane = nk_ctz64(bits) / 4;
-        list_u[count] = tile_u[lane];
-        list_doc[count] = (int32_t)(16u * t + lane);
-    }
-    return count;
+NK_INLINE int nk_arm_any_hit4(float const *tile_u, float32x4_t cut) {
+    uint8x16_t any = vorrq_u8(vorrq_u8(nk_arm_tile_hits(tile_u, cut), nk_arm_tile_hits(tile_u + 16, cut)),
+                              vorrq_u8(nk_arm_tile_hits(tile_u + 32, cut), nk_arm_tile_hits(tile_u + 48, cut)));
+    return nk_arm_hit_bits(any) != 0;
 }
 
-/* Append the documents of tiles [*tile, tiles) whose u >= cut until fewer than 16 free entries remain;
- * *tile is left where the scan stopped. Four tiles per test keep the usual no-candidate case to one
- * branch. */
-NK_INLINE unsigned nk_arm_scan(float const *row_u, uint64_t *tile, uint64_t tiles, float cut, float *list_u,
-                               int32_t *list_doc, unsigned capacity) {
-    float32x4_t limit = vdupq_n_f32(cut);
-    unsigned count = 0;
-    uint64_t t = *tile;
-    for (; t + 4 <= tiles; t += 4) {
-        uint8x16_t any = vorrq_u8(vorrq_u8(nk_arm_tile_hits(row_u + 16 * t, limit),
-                                           nk_arm_tile_hits(row_u + 16 * (t + 1), limit)),
-                                  vorrq_u8(nk_arm_tile_hits(row_u + 16 * (t + 2), limit),
-                                           nk_arm_tile_hits(row_u + 16 * (t + 3), limit)));
-        if (!nk_arm_hit_bits(any)) continue;
-        for (unsigned k = 0; k < 4; ++k) { /* rare: compare again rather than keep 4 vectors live */
-            uint64_t bits = nk_arm_hit_bits(nk_arm_tile_hits(row_u + 16 * (t + k), limit));
-            if (!bits) continue;
-            if (count + 16 > capacity) {
-                *tile = t + k;
-                return count;
-            }
-            count = nk_arm_collect(row_u + 16 * (t + k), bits, t + k, list_u, list_doc, count);
-        }
-    }
-    for (; t < tiles; ++t) {
-        uint64_t bits = nk_arm_hit_bits(nk_arm_tile_hits(row_u + 16 * t, limit));
-        if (!bits) continue;
-        if (count + 16 > capacity) break;
-        count = nk_arm_collect(row_u + 16 * t, bits, t, list_u, list_doc, count);
-    }
-    *tile = t;
-    return count;
+NK_INLINE uint64_t nk_arm_tile_hit_bits(float const *tile_u, float32x4_t cut) {
+    return nk_arm_hit_bits(nk_arm_tile_hits(tile_u, cut));
 }
 
 /* ---- driver.h's exact dot batch. ---- */
@@ -261,7 +226,11 @@ static void nk_arm_dot_batch(int dtype, void const *const *a, void const *const 
 /* The primitives both families share; each defines nk_family_query_t, prepare and screen itself. */
 #define NK_DRIVER_ROWS NK_ARM_ROWS
 #define NK_DRIVER_BLOCK NK_ARM_BLOCK_DOCS
-#define nk_family_scan nk_arm_scan
+#define nk_family_cut_t float32x4_t
+#define nk_family_cut vdupq_n_f32
+#define nk_family_any_hit4 nk_arm_any_hit4
+#define nk_family_hit_bits nk_arm_tile_hit_bits
+#define NK_FAMILY_BITS_PER_DOC 4
 #define nk_family_dot_batch nk_arm_dot_batch
 
 #endif /* NUMKONG_ARM_NEON_SHARED_H */

@@ -152,38 +152,20 @@ NK_INLINE __m256 nk_bytes_product(uint8_t const *x, uint8_t const *y, int dtype)
     return _mm256_mul_ps(fx, fy);
 }
 
-/* 16 bytes of a minifloat format, as exact float32 products of half images, into the 16 lanes. */
-#define NK_STEP_BYTES(format, dtype) \
+/* Per minifloat format: 16 bytes as exact float32 products of half images into the 16 lanes, the
+ * canonical dot of half images, and the dot of values (times the power-of-two scale squared). */
+#define NK_DOT_MINIFLOAT(format, dtype, scale) \
     NK_INLINE void nk_step_##format(uint8_t const *x, uint8_t const *y, __m256d s[4]) { \
         nk_add_ps_as_pd(nk_bytes_product(x, y, dtype), &s[0], &s[1]); \
         nk_add_ps_as_pd(nk_bytes_product(x + 8, y + 8, dtype), &s[2], &s[3]); \
+    } \
+    NK_DOT_CANONICAL(nk_dot_halves_##format, uint8_t, nk_step_##format) \
+    static double nk_dot_##format(void const *a, void const *b, uint64_t n) { \
+        return nk_dot_halves_##format(a, b, n) * nk_half_scale_squared(dtype); \
     }
-NK_STEP_BYTES(e4m3, nk_dtype_e4m3_k)
-NK_STEP_BYTES(e5m2, nk_dtype_e5m2_k)
-NK_STEP_BYTES(e2m3, nk_dtype_e2m3_k)
-NK_STEP_BYTES(e3m2, nk_dtype_e3m2_k)
-#undef NK_STEP_BYTES
-
-/* Dot products in half units; the callers multiply by the (power of two) scale squared. */
-NK_DOT_CANONICAL(nk_dot_halves_e4m3, uint8_t, nk_step_e4m3)
-NK_DOT_CANONICAL(nk_dot_halves_e5m2, uint8_t, nk_step_e5m2)
-NK_DOT_CANONICAL(nk_dot_halves_e2m3, uint8_t, nk_step_e2m3)
-NK_DOT_CANONICAL(nk_dot_halves_e3m2, uint8_t, nk_step_e3m2)
+NK_FOR_EACH_MINIFLOAT(NK_DOT_MINIFLOAT)
+#undef NK_DOT_MINIFLOAT
 #undef NK_DOT_CANONICAL
-
-#define NK_SCALE2(s) ((double)(s) * (double)(s))
-static double nk_dot_e4m3(void const *a, void const *b, uint64_t n) {
-    return nk_dot_halves_e4m3(a, b, n) * NK_SCALE2(nk_e4m3_half_scale_k);
-}
-static double nk_dot_e5m2(void const *a, void const *b, uint64_t n) {
-    return nk_dot_halves_e5m2(a, b, n) * NK_SCALE2(nk_e5m2_half_scale_k);
-}
-static double nk_dot_e2m3(void const *a, void const *b, uint64_t n) {
-    return nk_dot_halves_e2m3(a, b, n) * NK_SCALE2(nk_e2m3_half_scale_k);
-}
-static double nk_dot_e3m2(void const *a, void const *b, uint64_t n) {
-    return nk_dot_halves_e3m2(a, b, n) * NK_SCALE2(nk_e3m2_half_scale_k);
-}
 
 static nk_dot_fn nk_dot_for(uint32_t dtype) {
     switch (dtype) {
@@ -191,10 +173,10 @@ static nk_dot_fn nk_dot_for(uint32_t dtype) {
     case nk_dtype_float32_k: return nk_dot_f32;
     case nk_dtype_float16_k: return nk_dot_f16;
     case nk_dtype_bfloat16_k: return nk_dot_bf16;
-    case nk_dtype_e4m3_k: return nk_dot_e4m3;
-    case nk_dtype_e5m2_k: return nk_dot_e5m2;
-    case nk_dtype_e2m3_k: return nk_dot_e2m3;
-    case nk_dtype_e3m2_k: return nk_dot_e3m2;
+#define NK_DOT_CASE(format, code, scale) \
+    case code: return nk_dot_##format;
+        NK_FOR_EACH_MINIFLOAT(NK_DOT_CASE)
+#undef NK_DOT_CASE
     default: return NULL;
     }
 }

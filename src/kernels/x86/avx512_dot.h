@@ -69,17 +69,6 @@ NK_INLINE void nk_x512_load16(int dtype, void const *row, uint64_t k, __mmask16 
     *high = _mm512_cvtps_pd(_mm512_extractf32x8_ps(wide, 1));
 }
 
-/* Square of the power of two that the minifloats' half images are scaled by. */
-static inline double nk_x512_product_scale(int dtype) {
-    switch (dtype) {
-    case nk_dtype_e4m3_k: return (double)nk_e4m3_half_scale_k * nk_e4m3_half_scale_k;
-    case nk_dtype_e5m2_k: return (double)nk_e5m2_half_scale_k * nk_e5m2_half_scale_k;
-    case nk_dtype_e2m3_k: return (double)nk_e2m3_half_scale_k * nk_e2m3_half_scale_k;
-    case nk_dtype_e3m2_k: return (double)nk_e3m2_half_scale_k * nk_e3m2_half_scale_k;
-    default: return 1.0;
-    }
-}
-
 /* The canonical reduction of lanes 0-7 (`low`) and 8-15 (`high`), written out: the order of
  * _mm512_reduce_add_pd is the compiler's. */
 NK_INLINE double nk_x512_reduce16(__m512d low, __m512d high) {
@@ -274,7 +263,7 @@ static _Alignas(64) uint8_t const nk_x512_e4m3_digits[3][128] = {
 /* Rows shorter than one step, decoded. Out of line: inlined, GCC -O3 allocates the registers of the
  * digit loop below worse (measured 10-30 % slower at depth 128). */
 static NK_NOINLINE double nk_x512_dot_e4m3_short(void const *a, void const *b, uint64_t depth) {
-    return nk_x512_dot_halves(nk_dtype_e4m3_k, a, b, depth) * nk_x512_product_scale(nk_dtype_e4m3_k);
+    return nk_x512_dot_halves(nk_dtype_e4m3_k, a, b, depth) * nk_half_scale_squared(nk_dtype_e4m3_k);
 }
 
 /* The dot product of two stored e4m3 rows, exactly (already scaled: not a half-image sum). */
@@ -319,7 +308,7 @@ NK_INLINE double nk_x512_dot_e4m3(void const *a, void const *b, uint64_t depth) 
 #else /* skylake: no byte permute or VNNI; decoded like e5m2 (exact all the same, see the bounds) */
 #define NK_X512_E4M3_INTEGER 0
 NK_INLINE double nk_x512_dot_e4m3(void const *a, void const *b, uint64_t depth) {
-    return nk_x512_dot_halves(nk_dtype_e4m3_k, a, b, depth) * nk_x512_product_scale(nk_dtype_e4m3_k);
+    return nk_x512_dot_halves(nk_dtype_e4m3_k, a, b, depth) * nk_half_scale_squared(nk_dtype_e4m3_k);
 }
 #endif
 
@@ -333,7 +322,7 @@ static inline int nk_x512_is_integer(int dtype) {
 static inline double nk_x512_dot_decoded(int dtype, double const *a, void const *b, uint64_t depth) {
     switch (dtype) {
 #define NK_X512_DECODED(format) \
-    case format: return nk_x512_dot_kernel(nk_dtype_float64_k, a, format, b, depth) * nk_x512_product_scale(format);
+    case format: return nk_x512_dot_kernel(nk_dtype_float64_k, a, format, b, depth) * nk_half_scale_squared(format);
         NK_X512_DECODED(nk_dtype_float64_k)
         NK_X512_DECODED(nk_dtype_float32_k)
         NK_X512_DECODED(nk_dtype_float16_k)
@@ -363,7 +352,7 @@ static inline void nk_x512_dot_batch(int dtype, void const *const *a, void const
         NK_X512_BATCH(nk_dtype_float16_k, nk_x512_dot_halves(nk_dtype_float16_k, a[k], b[k], depth))
         NK_X512_BATCH(nk_dtype_e4m3_k, nk_x512_dot_e4m3(a[k], b[k], depth))
         NK_X512_BATCH(nk_dtype_e5m2_k, nk_x512_dot_halves(nk_dtype_e5m2_k, a[k], b[k], depth) *
-                                           nk_x512_product_scale(nk_dtype_e5m2_k))
+                                           nk_half_scale_squared(nk_dtype_e5m2_k))
         NK_X512_BATCH(nk_dtype_e2m3_k, nk_x512_dot_fp6(nk_dtype_e2m3_k, a[k], b[k], depth))
         NK_X512_BATCH(nk_dtype_e3m2_k, nk_x512_dot_fp6(nk_dtype_e3m2_k, a[k], b[k], depth))
 #undef NK_X512_BATCH
@@ -470,7 +459,7 @@ static inline double nk_x512_cosine_f32(int dtype, void const *a, int a_decoded,
      * combining accumulators and lanes in any order. */
     double roundings = (double)(depth / 64 + 1) + 24.0, unit = 0x1p-24;
     double gamma = roundings * unit / (1.0 - roundings * unit);
-    double scale = nk_x512_product_scale(dtype) * inv_q * inv_d;
+    double scale = nk_half_scale_squared(dtype) * inv_q * inv_d;
     double underflow = (double)(depth + 64) * 0x1p-149 * scale, contract = (double)(depth + 8) * 0x1p-52;
     *slack = gamma * 1.0001 + underflow + contract;
     return (double)sum * scale;

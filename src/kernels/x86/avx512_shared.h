@@ -47,56 +47,37 @@ NK_INLINE void nk_x512_read_tops(float const (*tops)[16], uint64_t rows, uint64_
 
 /* ---- Collecting candidates. ---- */
 
-/* Append the lanes of `upper` (tile t) that reach the cut to the candidate list, which has room
- * for 16 more. Compressing in registers and storing whole vectors is much faster than the
- * memory form of vcompressps. */
-NK_INLINE unsigned nk_x512_collect(__m512 upper, __mmask16 candidates, uint64_t t, float *list_upper,
-                                      int32_t *list_doc, unsigned count) {
-    __m512i lane_index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    _mm512_storeu_ps(list_upper + count, _mm512_maskz_compress_ps(candidates, upper));
-    __m512i docs = _mm512_add_epi32(lane_index, _mm512_set1_epi32((int)(16 * t)));
-    _mm512_storeu_si512(list_doc + count, _mm512_maskz_compress_epi32(candidates, docs));
-    return count + nk_popcount32(candidates);
+/* driver.h's compares, one mask bit per document. The scan is inlined: it runs once per query row,
+ * and a call cost 2-4 % at 32x180x128 (icelake). */
+NK_INLINE int nk_x512_any_hit4(float const *tile_u, __m512 cut) {
+    return (_mm512_cmp_ps_mask(_mm512_load_ps(tile_u), cut, _CMP_GE_OQ) |
+            _mm512_cmp_ps_mask(_mm512_load_ps(tile_u + 16), cut, _CMP_GE_OQ) |
+            _mm512_cmp_ps_mask(_mm512_load_ps(tile_u + 32), cut, _CMP_GE_OQ) |
+            _mm512_cmp_ps_mask(_mm512_load_ps(tile_u + 48), cut, _CMP_GE_OQ)) != 0;
 }
 
-/* Collect the documents of tiles [*tile, tiles) whose stored upper bound reaches the cut, until the
- * list could overflow; *tile is left where the scan stopped (tiles when it finished). Four tiles
- * per test keep the common no-candidate case to one branch. Inlined: it runs once per query row,
- * and the call cost 2-4 % at 32x180x128 (icelake). The scan of driver.h's AVX-512 families. */
-NK_INLINE unsigned nk_x512_scan(float const *row_scores, uint64_t *tile, uint64_t tiles, float cut,
-                               float *list_upper, int32_t *list_doc, unsigned capacity) {
-    __m512 cut_vector = _mm512_set1_ps(cut);
-    unsigned count = 0;
-    uint64_t t = *tile;
-    for (; t + 4 <= tiles; t += 4) {
-        __mmask16 hit[4];
-        __m512 upper[4];
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; ++u) {
-            upper[u] = _mm512_load_ps(row_scores + 16 * (t + (uint64_t)u));
-            hit[u] = _mm512_cmp_ps_mask(upper[u], cut_vector, _CMP_GE_OQ);
-        }
-        if (!(hit[0] | hit[1] | hit[2] | hit[3])) continue;
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; ++u) {
-            if (!hit[u]) continue;
-            if (count + 16 > capacity) {
-                *tile = t + (uint64_t)u;
-                return count;
-            }
-            count = nk_x512_collect(upper[u], hit[u], t + (uint64_t)u, list_upper, list_doc, count);
-        }
-    }
-    for (; t < tiles; ++t) {
-        __m512 upper = _mm512_load_ps(row_scores + 16 * t);
-        __mmask16 hit = _mm512_cmp_ps_mask(upper, cut_vector, _CMP_GE_OQ);
-        if (!hit) continue;
-        if (count + 16 > capacity) break;
-        count = nk_x512_collect(upper, hit, t, list_upper, list_doc, count);
-    }
-    *tile = t;
-    return count;
+NK_INLINE uint64_t nk_x512_hit_bits(float const *tile_u, __m512 cut) {
+    return _mm512_cmp_ps_mask(_mm512_load_ps(tile_u), cut, _CMP_GE_OQ);
 }
 
+/* Append a tile's hits to the candidate lists, which have room for 16 more. Compressing in
+ * registers and storing whole vectors is much faster than the memory form of vcompressps. */
+NK_INLINE unsigned nk_x512_collect(float const *tile_u, uint64_t bits, uint64_t first_doc, float *list_u,
+                                   int32_t *list_doc, unsigned count) {
+    __mmask16 hits = (__mmask16)bits;
+    __m512i docs = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                    _mm512_set1_epi32((int)first_doc));
+    _mm512_storeu_ps(list_u + count, _mm512_maskz_compress_ps(hits, _mm512_load_ps(tile_u)));
+    _mm512_storeu_si512(list_doc + count, _mm512_maskz_compress_epi32(hits, docs));
+    return count + nk_popcount32(hits);
+}
+
+/* The compares and collection of driver.h's AVX-512 families. */
+#define nk_family_cut_t __m512
+#define nk_family_cut _mm512_set1_ps
+#define nk_family_any_hit4 nk_x512_any_hit4
+#define nk_family_hit_bits nk_x512_hit_bits
+#define nk_family_collect nk_x512_collect
+#define NK_FAMILY_BITS_PER_DOC 1
 
 #endif /* NUMKONG_X86_AVX512_SHARED_H */

@@ -266,55 +266,18 @@ static void nk_hsw_screen(nk_hsw_group_t *group, float const *growth, uint64_t r
         top[r] = group->live_blocks >> (r / NK_HSW_BLOCK_ROWS) & 1 ? nk_hsw_tagged_top(group->top[r], docs) : -1;
 }
 
-/* Append the documents of tile t whose bit is set (the rare case: a plain loop). */
-NK_INLINE unsigned nk_hsw_collect(float const *row_u, unsigned hits, uint64_t t, float *list_u, int32_t *list_doc,
-                                  unsigned count) {
-    for (; hits; hits &= hits - 1) {
-        uint64_t j = NK_SCREEN_TILE * t + nk_ctz32(hits);
-        list_u[count] = row_u[j], list_doc[count++] = (int32_t)j;
-    }
-    return count;
-}
-
-NK_INLINE unsigned nk_hsw_tile_hits(float const *row_u, uint64_t t, __m256 cut) {
-    __m256 low = _mm256_cmp_ps(_mm256_load_ps(row_u + 16 * t), cut, _CMP_GE_OQ);
-    __m256 high = _mm256_cmp_ps(_mm256_load_ps(row_u + 16 * t + 8), cut, _CMP_GE_OQ);
-    return (unsigned)_mm256_movemask_ps(low) | (unsigned)_mm256_movemask_ps(high) << 8;
-}
-
-/* driver.h's scan: the documents of tiles [*tile, tiles) whose u reaches the cut, until the list
- * could overflow; *tile is left where the scan stopped. Four tiles per test keep the common
- * no-candidate case to one branch. */
-NK_INLINE unsigned nk_hsw_scan(float const *row_u, uint64_t *tile, uint64_t tiles, float cut, float *list_u,
-                               int32_t *list_doc, unsigned capacity) {
-    __m256 cut_vector = _mm256_set1_ps(cut);
-    unsigned count = 0;
-    uint64_t t = *tile;
-    for (; t + 4 <= tiles; t += 4) {
-        __m256 any = _mm256_setzero_ps();
+/* driver.h's compares: 8 floats per vector, one movemask bit per document. */
+NK_INLINE int nk_hsw_any_hit4(float const *tile_u, __m256 cut) {
+    __m256 any = _mm256_setzero_ps();
 #pragma GCC unroll 8
-        for (int v = 0; v < 8; ++v)
-            any = _mm256_or_ps(any, _mm256_cmp_ps(_mm256_load_ps(row_u + 16 * t + 8 * (uint64_t)v), cut_vector,
-                                                  _CMP_GE_OQ));
-        if (_mm256_testz_ps(any, any)) continue;
-        for (uint64_t v = t; v < t + 4; ++v) {
-            unsigned hits = nk_hsw_tile_hits(row_u, v, cut_vector);
-            if (!hits) continue;
-            if (count + 16 > capacity) {
-                *tile = v;
-                return count;
-            }
-            count = nk_hsw_collect(row_u, hits, v, list_u, list_doc, count);
-        }
-    }
-    for (; t < tiles; ++t) {
-        unsigned hits = nk_hsw_tile_hits(row_u, t, cut_vector);
-        if (!hits) continue;
-        if (count + 16 > capacity) break;
-        count = nk_hsw_collect(row_u, hits, t, list_u, list_doc, count);
-    }
-    *tile = t;
-    return count;
+    for (int v = 0; v < 8; ++v) any = _mm256_or_ps(any, _mm256_cmp_ps(_mm256_load_ps(tile_u + 8 * v), cut, _CMP_GE_OQ));
+    return !_mm256_testz_ps(any, any);
+}
+
+NK_INLINE uint64_t nk_hsw_hit_bits(float const *tile_u, __m256 cut) {
+    __m256 low = _mm256_cmp_ps(_mm256_load_ps(tile_u), cut, _CMP_GE_OQ);
+    __m256 high = _mm256_cmp_ps(_mm256_load_ps(tile_u + 8), cut, _CMP_GE_OQ);
+    return (uint64_t)((unsigned)_mm256_movemask_ps(low) | (unsigned)_mm256_movemask_ps(high) << 8);
 }
 
 /* driver.h's batch of exact dot products: avx2_dot.h's function for the dtype, pair by pair. */
@@ -329,7 +292,11 @@ static void nk_hsw_dot_batch(int dtype, void const *const *a, void const *const 
 #define nk_family_query_t nk_hsw_group_t
 #define nk_family_prepare nk_hsw_prepare
 #define nk_family_screen nk_hsw_screen
-#define nk_family_scan nk_hsw_scan
+#define nk_family_cut_t __m256
+#define nk_family_cut _mm256_set1_ps
+#define nk_family_any_hit4 nk_hsw_any_hit4
+#define nk_family_hit_bits nk_hsw_hit_bits
+#define NK_FAMILY_BITS_PER_DOC 1
 #define nk_family_dot_batch nk_hsw_dot_batch
 #include "driver.h"
 

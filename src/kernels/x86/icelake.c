@@ -262,7 +262,6 @@ static void nk_ice_screen(nk_ice_group_t *group, float const *growth, uint64_t r
 #define nk_family_query_t nk_ice_group_t
 #define nk_family_prepare nk_ice_prepare
 #define nk_family_screen nk_ice_screen
-#define nk_family_scan nk_x512_scan
 #include "avx512_rescoring.h"
 #include "driver.h"
 

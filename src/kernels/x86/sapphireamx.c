@@ -415,7 +415,6 @@ static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t
 #define nk_family_query_t nk_samx_group_t
 #define nk_family_prepare nk_samx_prepare
 #define nk_family_screen nk_samx_screen
-#define nk_family_scan nk_x512_scan
 #include "avx512_rescoring.h"
 #include "driver.h"
 

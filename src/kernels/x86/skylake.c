@@ -2,8 +2,8 @@
  *
  * The family primitives of driver.h: an int8 GEMM screens a group of 16 query rows (one 16 x 16
  * register tile) against blocks of up to 960 documents, its epilogue turns the sums into u
- * (driver.h) and keeps each row's tagged largest u (nk_x512_tag); candidates are collected by
- * nk_x512_scan; exact dot products are the float64 ones below, one call per pair.
+ * (driver.h) and keeps each row's tagged largest u (nk_x512_tag); driver.h's scan collects
+ * candidates with nk_x512_collect; exact dot products are the float64 ones below, one per pair.
  *
  * Stack: the group's split query words (16 KB), tops and few-document sums (2 KB), and driver.h's:
  * 60 KB of u, 16 KB of candidate lists, 8 KB of decoded row; about 103 KB in all.
@@ -287,7 +287,6 @@ static void nk_skl_screen(nk_skl_group_t *group, float const *growth, uint64_t r
 #define nk_family_query_t nk_skl_group_t
 #define nk_family_prepare nk_skl_prepare
 #define nk_family_screen nk_skl_screen
-#define nk_family_scan nk_x512_scan
 #define nk_family_dot_batch nk_skl_dot_batch
 #include "driver.h"
 
