@@ -36,6 +36,12 @@ typedef struct nk_samx_tile_config {
     uint8_t rows[16];
 } nk_samx_tile_config_t;
 
+/* The even 128-bit lanes of a then b, and the odd ones. */
+NK_INLINE void nk_samx_lane_pairs(__m512i a, __m512i b, __m512i *even, __m512i *odd) {
+    *even = _mm512_shuffle_i32x4(a, b, 0x88);
+    *odd = _mm512_shuffle_i32x4(a, b, 0xDD);
+}
+
 /* Transpose a 16 x 16 matrix of 32-bit words held in 16 registers. */
 NK_INLINE void nk_samx_transpose16(__m512i r[16]) {
     __m512i t[16];
@@ -51,19 +57,16 @@ NK_INLINE void nk_samx_transpose16(__m512i r[16]) {
         r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
         r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
     }
-#pragma GCC unroll 16
+    /* Then 128-bit lanes: twice, the even and the odd lanes of register pairs. */
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
-        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
-        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+        nk_samx_lane_pairs(r[i], r[i + 4], &t[i], &t[i + 4]);
+        nk_samx_lane_pairs(r[i + 8], r[i + 12], &t[i + 8], &t[i + 12]);
     }
-#pragma GCC unroll 16
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
-        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
+        nk_samx_lane_pairs(t[i], t[i + 8], &r[i], &r[i + 8]);
+        nk_samx_lane_pairs(t[i + 4], t[i + 12], &r[i + 4], &r[i + 12]);
     }
 }
 
