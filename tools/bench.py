@@ -98,7 +98,13 @@ def _anchor_cast(nk, matrix, dtype):
         return matrix
     if dtype == "float16":
         return matrix.astype(np.float16)
-    return nk.astype(matrix, dtype)
+    if hasattr(nk, "astype"):
+        return nk.astype(matrix, dtype)
+    import ml_dtypes  # builds before numkong.astype take ml_dtypes arrays
+
+    names = {"bfloat16": "bfloat16", "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e2m3": "float6_e2m3fn",
+             "e3m2": "float6_e3m2fn"}
+    return matrix.astype(getattr(ml_dtypes, names[dtype]))
 
 
 def worker():
