@@ -243,8 +243,10 @@ def test_pack_size_argument_errors():
         size(2 ** 40, 2 ** 40, "float64")  # byte size overflows 64 bits
     with pytest.raises(ValueError):
         size(2 ** 64, 1, "float32")
+    with pytest.raises(ValueError, match="not a packing format"):
+        size(3, 4, "int32")
     with pytest.raises(ValueError, match="unknown dtype"):
-        size(3, 4, "int8")
+        size(3, 4, "int9")
     assert size(np.int64(3), np.uint16(4), "float32") == size(3, 4, "float32")
 
 

@@ -266,7 +266,7 @@ def test_objects_without_a_buffer(obj):
         nk.maxsim(np.ones((2, 2)), obj, "float32")
 
 
-@pytest.mark.parametrize("dtype", ["float8", "int8", "complex64", "float128", "", "e4m3fn", "f8"])
+@pytest.mark.parametrize("dtype", ["float8", "int9", "complex64", "float128", "", "e4m3fn", "f8"])
 def test_unknown_dtype_names(dtype):
     with pytest.raises(ValueError, match="unknown dtype"):
         nk.maxsim_pack(np.ones((2, 2)), dtype)
@@ -276,9 +276,15 @@ def test_unknown_dtype_names(dtype):
         nk.MaxSimPackedMatrix.pack_size(2, 2, dtype)
 
 
-@pytest.mark.parametrize("dtype", [np.int8, np.complex64, ml_dtypes.float8_e4m3fnuz], ids=["int8", "complex64", "e4m3fnuz"])
+@pytest.mark.parametrize("dtype", [np.complex64, ml_dtypes.float8_e4m3fnuz], ids=["complex64", "e4m3fnuz"])
 def test_unsupported_dtype_types(dtype):
     with pytest.raises(ValueError, match="unknown dtype"):
+        nk.maxsim_pack(np.ones((2, 2)), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["uint4", "int32", "uint8", np.int16, np.uint64], ids=str)
+def test_integer_types_that_are_not_packing_formats(dtype):
+    with pytest.raises(ValueError, match="not a packing format.*'int8'.*'int4'.*'uint1'"):
         nk.maxsim_pack(np.ones((2, 2)), dtype)
 
 

@@ -85,7 +85,7 @@ static int nk_align_u64(uint64_t a, uint64_t *out) {
 /* nk_corpus_plan over lengths[i * stride]; entries may be NULL (sizes only). */
 static nk_status_t nk_corpus_plan_strided(uint64_t const *lengths, size_t stride, uint64_t count, uint64_t depth,
                                           int dtype, uint64_t *end, nk_corpus_entry_t *entries) {
-    if (!nk_dtype_itemsize(dtype) || (count && !lengths) || !end) return nk_error_argument_k;
+    if (!nk_dtype_is_known(dtype) || (count && !lengths) || !end) return nk_error_argument_k;
     uint64_t cursor = *end;
     for (uint64_t i = 0; i < count; ++i) {
         uint64_t offset, bytes, vectors = lengths[i * stride];
@@ -280,7 +280,7 @@ nk_status_t nk_corpus_pack_documents(nk_corpus_entry_t const *entries, nk_pack_s
                                      uint64_t depth, int dtype, uint64_t capabilities, void *out, uint64_t out_offset,
                                      uint64_t out_nbytes, uint64_t threads, uint64_t *bad_document, uint64_t *bad_row) {
     if ((count && (!entries || !sources)) || !out || ((uintptr_t)out) % NK_SECTION_ALIGN != 0 ||
-        out_offset % NK_SECTION_ALIGN != 0 || !nk_dtype_itemsize(dtype))
+        out_offset % NK_SECTION_ALIGN != 0 || !nk_dtype_is_known(dtype))
         return nk_error_argument_k;
     nk_pack_job_t job = {entries, sources, count, depth, capabilities, out_offset, out_nbytes, dtype, (char *)out,
                          0, nk_ok_k, 0, 0};
@@ -302,7 +302,7 @@ nk_status_t nk_corpus_header(void const *buf, uint64_t nbytes, nk_corpus_info_t 
     if (given.version != NK_CORPUS_FORMAT_VERSION) return nk_error_version_k;
     /* The fields the table cannot confirm: the table must fit where the sizes say. */
     uint64_t table_offset, expected_nbytes;
-    if (!nk_dtype_itemsize((int)given.dtype) || given.nbytes != nbytes || given.table_offset % NK_SECTION_ALIGN ||
+    if (!nk_dtype_is_known((int)given.dtype) || given.nbytes != nbytes || given.table_offset % NK_SECTION_ALIGN ||
         given.table_offset < NK_CORPUS_DOCUMENTS_OFFSET ||
         nk_corpus_table_place(given.table_offset, given.documents, &table_offset, &expected_nbytes) != nk_ok_k ||
         table_offset != given.table_offset || expected_nbytes != nbytes)
@@ -369,7 +369,13 @@ typedef struct nk_corpus_job {
 #define NK_CORPUS_CLAIM 4u
 
 static void nk_corpus_prefetch(nk_maxsim_view_t const *document) {
-    char const *first = (char const *)document->inv_norms, *end = (char const *)(document->screen_sums + document->vectors);
+    char const *first, *end;
+    if (document->inv_norms)
+        first = (char const *)document->inv_norms, end = (char const *)(document->screen_sums + document->vectors);
+    else if (document->norms2) /* int8, int4: the norms and scales (their values are read in order) */
+        first = (char const *)document->norms2, end = (char const *)(document->scales + document->vectors);
+    else /* uint1 */
+        return;
     for (char const *at = first; at < end; at += 64) nk_prefetch_l2(at);
 }
 

@@ -17,6 +17,21 @@
  * same 4 depths of 16 rows (a VNNI operand), and the 4 bytes of one row are one 32-bit broadcast.
  * Stored bytes are v + 128 for v in [-127, 127].
  *
+ * Integer formats (int8, int4, uint1) store no row-major values and no screening copy: their values
+ * are tiled as the screen is, which is what the kernels read, and their dot products are exact:
+ *   values        (the values_offset section) vectors rows of row_bytes = padded depth x bits / 8,
+ *                 tiled by 16 rows in 4-byte words: word g of lane r of a tile of n rows at
+ *                 g * 4 n + 4 r (nk_tile_word_offset). int8: 4 depths a word, byte q + 128 (one
+ *                 screen group). int4: 8 depths a word, byte j holding depth 8g + j in its low
+ *                 nibble and 8g + 4 + j in its high one, each q + 8. uint1: 32 depths a word, bit b
+ *                 for depth 32g + b, set for +1. Padding depths store q = 0 (int8, int4) or bit 0.
+ *   norms2        (the inv_norms_offset section) uint32[vectors]: sum of q^2 (int8, int4); none (uint1)
+ *   scales        (the screen_scales_offset section) float32[vectors]: value = scale x q (int8,
+ *                 int4); none (uint1)
+ *   The screen, screen_errors and screen_sums sections are empty; screen_depth is the padded depth.
+ * cos = ((double)dot * inv_q) * inv_d with inv = 1 / sqrt((double)norms2) (0 for a zero row): the
+ * scales cancel. uint1: cos = (double)(depth - 2 hamming) / (double)depth.
+ *
  * Screening bound: with unit rows u, v and their dequantized copies u', v',
  *   |u.v - u'.v'| <= |u - u'| + |u'| |v - v'| <= e_u + (1 + e_u) e_v.
  * A kernel adds nk_screen_slack_k for the float32 rounding of its estimate. Any document row whose
@@ -26,6 +41,7 @@
 #define NUMKONG_MAXSIM_INTERNAL_H
 
 #include <float.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -39,6 +55,8 @@
 #define NK_SCREEN_TILE 16u
 /* Largest depth whose biased u8 x s8 dot fits int32: 255 * 127 * depth < 2^31. */
 #define NK_SCREEN_MAX_DEPTH 65536u
+/* Largest int8 / int4 depth whose sum of q^2 fits the uint32 norms2: 127^2 * depth < 2^32. */
+#define NK_INTEGER_MAX_DEPTH 262144u
 /* Absolute slack for float32 rounding in a screening estimate of a cosine (|estimate| <= ~1). */
 #define nk_screen_slack_k 1e-5f
 
@@ -90,6 +108,8 @@ typedef struct nk_maxsim_view {
     float const *screen_scales;
     float const *screen_errors;
     int32_t const *screen_sums;
+    uint32_t const *norms2; /* integer formats: sum of q^2 per row (int8, int4), else NULL */
+    float const *scales;    /* integer formats: value = scale x q per row (int8, int4), else NULL */
     int cold; /* a hint: the rows come from memory (a corpus), so prefetching candidate rows pays */
     double stop_above; /* queries only: a kernel may stop once the result is proven above this (top-k) */
 } nk_maxsim_view_t;
@@ -129,13 +149,60 @@ nk_maxsim_kernel_t nk_maxsim_kernel_for(uint64_t capabilities, uint64_t depth);
 nk_status_t nk_maxsim_score_views(nk_maxsim_kernel_t kernel, nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
                                   double *result);
 
-/* Byte offset of the 4-byte group (row, depth k..k+3) in the screen section. */
-static inline uint64_t nk_screen_offset(uint64_t vectors, uint64_t screen_depth, uint64_t row, uint64_t k) {
+/* Byte offset of 4-byte word `word` of `row` in a section tiled by 16 rows of row_bytes each. */
+static inline uint64_t nk_tile_word_offset(uint64_t vectors, uint64_t row_bytes, uint64_t row, uint64_t word) {
     uint64_t tile = row / NK_SCREEN_TILE, lane = row % NK_SCREEN_TILE;
     uint64_t rows_in_tile = vectors - tile * NK_SCREEN_TILE;
     if (rows_in_tile > NK_SCREEN_TILE) rows_in_tile = NK_SCREEN_TILE;
-    return tile * NK_SCREEN_TILE * screen_depth + (k / 4) * 4 * rows_in_tile + 4 * lane + (k % 4);
+    return tile * NK_SCREEN_TILE * row_bytes + word * 4 * rows_in_tile + 4 * lane;
 }
+
+/* Byte offset of the 4-byte group (row, depth k..k+3) in the screen section. */
+static inline uint64_t nk_screen_offset(uint64_t vectors, uint64_t screen_depth, uint64_t row, uint64_t k) {
+    return nk_tile_word_offset(vectors, screen_depth, row, k / 4) + (k % 4);
+}
+
+/* ---- Integer formats. ---- */
+
+#define NK_INTEGER_ROWS 8u    /* query rows per group of integer_maxsim.h */
+#define NK_INTEGER_BLOCK 512u /* documents per block of integer_maxsim.h: a multiple of 16 */
+
+static inline int nk_dtype_is_known(int dtype) { return dtype >= nk_dtype_float64_k && dtype <= nk_dtype_uint1_k; }
+
+static inline int nk_dtype_is_integer(int dtype) {
+    return dtype == nk_dtype_int8_k || dtype == nk_dtype_int4_k || dtype == nk_dtype_uint1_k;
+}
+
+/* Depths per 4-byte word of an integer format (the padding unit of its rows). */
+static inline uint64_t nk_integer_word_depths(int dtype) {
+    return dtype == nk_dtype_int8_k ? 4u : dtype == nk_dtype_int4_k ? 8u : 32u;
+}
+
+/* q of element k of `row` of a tiled integer section (uint1: +1 or -1). */
+static inline int nk_integer_at(int dtype, uint8_t const *values, uint64_t vectors, uint64_t row_bytes, uint64_t row,
+                                uint64_t k) {
+    uint64_t per_word = nk_integer_word_depths(dtype);
+    uint8_t const *word = values + nk_tile_word_offset(vectors, row_bytes, row, k / per_word);
+    uint64_t j = k % per_word;
+    switch (dtype) {
+    case nk_dtype_int8_k: return (int)word[j] - 128;
+    case nk_dtype_int4_k: return (int)(j < 4 ? word[j] & 0x0Fu : word[j - 4] >> 4) - 8;
+    default: return (word[j / 8] >> (j % 8)) & 1u ? 1 : -1;
+    }
+}
+
+/* Stored word `first_word` of row `first` of an integer matrix, and in *step the bytes from one of
+ * that row's words to the next; rows first, first + 1, ... of the same tile follow it at 4 bytes. */
+static inline uint8_t const *nk_integer_group_words(nk_maxsim_view_t const *q, uint64_t first, uint64_t first_word,
+                                                    uint64_t *step) {
+    uint64_t tile_rows = q->vectors - first / NK_SCREEN_TILE * NK_SCREEN_TILE;
+    *step = 4 * (tile_rows < NK_SCREEN_TILE ? tile_rows : NK_SCREEN_TILE);
+    return (uint8_t const *)q->values + nk_tile_word_offset(q->vectors, q->row_bytes, first, first_word);
+}
+
+/* 1 / ||q|| of a row of an int8 / int4 matrix from its sum of squares: the same bits everywhere
+ * (IEEE square root and division round correctly). */
+static inline double nk_integer_inv_norm(uint32_t norm2) { return norm2 ? 1.0 / sqrt((double)norm2) : 0.0; }
 
 /* The canonical exact dot product. Every family (serial, haswell, skylake, icelake, sapphireamx,
  * neon, sve) computes the float64 dot of two stored rows a, b of `depth` elements exactly so, and

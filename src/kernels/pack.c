@@ -4,6 +4,16 @@
 
 #include "maxsim_internal.h"
 
+nk_status_t nk_maxsim_row_bytes(int dtype, uint64_t depth, uint64_t *bytes) {
+    if (nk_dtype_is_integer(dtype)) {
+        uint64_t per_word = nk_integer_word_depths(dtype), words = depth / per_word + (depth % per_word != 0);
+        return nk_u64_mul(words, 4, bytes) ? nk_ok_k : nk_error_overflow_k;
+    }
+    size_t itemsize = nk_dtype_itemsize(dtype);
+    if (!itemsize) return nk_error_argument_k;
+    return nk_u64_mul(depth, itemsize, bytes) ? nk_ok_k : nk_error_overflow_k;
+}
+
 size_t nk_dtype_itemsize(int dtype) {
     switch (dtype) {
     case nk_dtype_float64_k: return 8;
@@ -13,7 +23,8 @@ size_t nk_dtype_itemsize(int dtype) {
     case nk_dtype_e4m3_k:
     case nk_dtype_e5m2_k:
     case nk_dtype_e2m3_k:
-    case nk_dtype_e3m2_k: return 1;
+    case nk_dtype_e3m2_k:
+    case nk_dtype_int8_k: return 1;
     default: return 0;
     }
 }
@@ -33,18 +44,32 @@ static int nk_section(uint64_t *cursor, uint64_t count, uint64_t item, uint64_t 
 
 /* The whole layout as a function of (vectors, depth, dtype): the single source of every offset. */
 nk_status_t nk_maxsim_layout(uint64_t vectors, uint64_t depth, int dtype, nk_maxsim_header_t *h) {
-    size_t itemsize = nk_dtype_itemsize(dtype);
-    if (!itemsize) return nk_error_argument_k;
+    uint64_t cursor = NK_HEADER_BYTES, row_bytes;
+    nk_status_t status = nk_maxsim_row_bytes(dtype, depth, &row_bytes);
+    if (status != nk_ok_k) return status;
     memset(h, 0, sizeof(*h));
     memcpy(h->magic, NK_MAXSIM_MAGIC, 8);
     h->version = NK_MAXSIM_FORMAT_VERSION;
     h->dtype = (uint32_t)dtype;
     h->vectors = vectors;
     h->depth = depth;
-    uint64_t cursor = NK_HEADER_BYTES, row_bytes;
+    if (nk_dtype_is_integer(dtype)) { /* tiled values, then norms2 and scales (none for uint1) */
+        uint64_t per_row = dtype == nk_dtype_uint1_k ? 0 : vectors;
+        if (dtype != nk_dtype_uint1_k && depth > NK_INTEGER_MAX_DEPTH) return nk_error_argument_k;
+        h->screen_depth = row_bytes / 4 * nk_integer_word_depths(dtype);
+        if (!nk_section(&cursor, vectors, row_bytes, &h->values_offset) ||
+            !nk_section(&cursor, per_row, sizeof(uint32_t), &h->inv_norms_offset) ||
+            !nk_section(&cursor, 0, 1, &h->screen_offset) ||
+            !nk_section(&cursor, per_row, sizeof(float), &h->screen_scales_offset) ||
+            !nk_section(&cursor, 0, 1, &h->screen_errors_offset) || !nk_section(&cursor, 0, 1, &h->screen_sums_offset) ||
+            !nk_align(cursor, &h->nbytes))
+            return nk_error_overflow_k;
+        if (h->nbytes > (uint64_t)INT64_MAX || h->nbytes > (uint64_t)SIZE_MAX) return nk_error_overflow_k;
+        return nk_ok_k;
+    }
     if (!nk_u64_add(depth, 3, &h->screen_depth)) return nk_error_overflow_k;
     h->screen_depth &= ~(uint64_t)3;
-    if (!nk_u64_mul(depth, itemsize, &row_bytes) || !nk_section(&cursor, vectors, row_bytes, &h->values_offset) ||
+    if (!nk_section(&cursor, vectors, row_bytes, &h->values_offset) ||
         !nk_section(&cursor, vectors, sizeof(double), &h->inv_norms_offset) ||
         !nk_section(&cursor, vectors, h->screen_depth, &h->screen_offset) ||
         !nk_section(&cursor, vectors, sizeof(float), &h->screen_scales_offset) ||
@@ -72,19 +97,30 @@ void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *vie
     view->vectors = h.vectors;
     view->depth = h.depth;
     view->screen_depth = h.screen_depth;
-    view->row_bytes = h.depth * nk_dtype_itemsize((int)h.dtype);
+    nk_maxsim_row_bytes((int)h.dtype, h.depth, &view->row_bytes);
     view->values = base + h.values_offset;
-    view->inv_norms = (double const *)(base + h.inv_norms_offset);
-    view->screen = (uint8_t const *)(base + h.screen_offset);
-    view->screen_scales = (float const *)(base + h.screen_scales_offset);
-    view->screen_errors = (float const *)(base + h.screen_errors_offset);
-    view->screen_sums = (int32_t const *)(base + h.screen_sums_offset);
+    view->norms2 = NULL, view->scales = NULL;
+    if (nk_dtype_is_integer((int)h.dtype)) {
+        int sized = h.dtype != nk_dtype_uint1_k;
+        view->inv_norms = NULL, view->screen = NULL, view->screen_scales = NULL;
+        view->screen_errors = NULL, view->screen_sums = NULL;
+        view->norms2 = sized ? (uint32_t const *)(base + h.inv_norms_offset) : NULL;
+        view->scales = sized ? (float const *)(base + h.screen_scales_offset) : NULL;
+    }
+    else {
+        view->inv_norms = (double const *)(base + h.inv_norms_offset);
+        view->screen = (uint8_t const *)(base + h.screen_offset);
+        view->screen_scales = (float const *)(base + h.screen_scales_offset);
+        view->screen_errors = (float const *)(base + h.screen_errors_offset);
+        view->screen_sums = (int32_t const *)(base + h.screen_sums_offset);
+    }
     view->cold = 0;
     view->stop_above = INFINITY;
 }
 
 void const *nk_maxsim_values(nk_maxsim_matrix_t const *matrix) {
     nk_maxsim_header_t h;
+    if (nk_dtype_is_integer((int)matrix->info.dtype)) return NULL;
     nk_maxsim_layout(matrix->info.vectors, matrix->info.depth, (int)matrix->info.dtype, &h);
     return (char const *)matrix->data + h.values_offset;
 }
@@ -269,10 +305,135 @@ static int nk_put(void *target, void const *value, size_t bytes, int verify) {
     return 1;
 }
 
+/* ---- Integer formats: tiled values, exact integer norms. ---- */
+
+static int nk_row_absmax(int dtype, void const *row, uint64_t depth, double *absmax);
+
+static uint64_t nk_integer_row_bytes(nk_maxsim_header_t const *h) { return h->screen_depth / nk_integer_word_depths((int)h->dtype) * 4; }
+
+/* Store q (uint1: the sign, q > 0 sets the bit) as element k of `row`. */
+static void nk_integer_put(nk_maxsim_header_t const *h, uint8_t *values, uint64_t row, uint64_t k, int q) {
+    int dtype = (int)h->dtype;
+    uint64_t per_word = nk_integer_word_depths(dtype), j = k % per_word;
+    uint8_t *word = values + nk_tile_word_offset(h->vectors, nk_integer_row_bytes(h), row, k / per_word);
+    switch (dtype) {
+    case nk_dtype_int8_k: word[j] = (uint8_t)(q + 128); break;
+    case nk_dtype_int4_k:
+        if (j < 4) word[j] = (uint8_t)((word[j] & 0xF0u) | (uint8_t)(q + 8));
+        else word[j - 4] = (uint8_t)((word[j - 4] & 0x0Fu) | (uint8_t)((q + 8) << 4));
+        break;
+    default:
+        if (q > 0) word[j / 8] |= (uint8_t)(1u << (j % 8));
+        else word[j / 8] &= (uint8_t)~(1u << (j % 8));
+        break;
+    }
+}
+
+/* Row `row` of an integer format from `source` (int8 rows for int8: bit-exact, scale 1; otherwise
+ * float64 rows, scaled so that the largest magnitude maps to the top code). Reads each source element
+ * once, so a source changing meanwhile cannot store an out-of-range code. */
+static nk_status_t nk_pack_integer_row(nk_maxsim_header_t const *h, char *base, uint64_t row, int source_dtype,
+                                       void const *source) {
+    int dtype = (int)h->dtype;
+    uint8_t *values = (uint8_t *)base + h->values_offset;
+    float scale = 1.0f;
+    if (source_dtype == nk_dtype_int8_k) {
+        for (uint64_t k = 0; k < h->depth; ++k) {
+            int q = ((int8_t const *)source)[k];
+            if (q == -128) return nk_error_range_k;
+            nk_integer_put(h, values, row, k, q);
+        }
+    }
+    else {
+        double const *x = (double const *)source;
+        double absmax;
+        if (!nk_row_absmax(nk_dtype_float64_k, x, h->depth, &absmax)) return nk_error_nonfinite_k;
+        double limit = dtype == nk_dtype_int8_k ? 127.0 : 7.0, factor = 1.0, multiplier = 0.0;
+        if (dtype != nk_dtype_uint1_k && absmax > 0.0) {
+            /* A scale outside float32's normal range: the row is first scaled by a power of two
+             * (cosine is scale-free), as the narrow float formats are. */
+            if (!(absmax / limit >= FLT_MIN && absmax / limit <= FLT_MAX / 2)) {
+                int exponent;
+                frexp(absmax, &exponent);
+                factor = ldexp(1.0, -exponent); /* absmax * factor in [0.5, 1) */
+            }
+            scale = (float)(absmax * factor / limit);
+            multiplier = factor / (double)scale;
+        }
+        else if (dtype != nk_dtype_uint1_k)
+            scale = 0.0f;
+        for (uint64_t k = 0; k < h->depth; ++k) {
+            double v = x[k];
+            if (!(fabs(v) <= DBL_MAX)) return nk_error_nonfinite_k; /* changed since absmax */
+            int q;
+            if (dtype == nk_dtype_uint1_k) q = v >= 0.0 ? 1 : -1; /* zero counts as +1 */
+            else {
+                double r = nk_round_even(v * multiplier);
+                q = (int)(r > limit ? limit : r < -limit ? -limit : r);
+            }
+            nk_integer_put(h, values, row, k, q);
+        }
+    }
+    for (uint64_t k = h->depth; k < h->screen_depth; ++k) nk_integer_put(h, values, row, k, 0); /* padding */
+    if (dtype != nk_dtype_uint1_k) memcpy(base + h->screen_scales_offset + row * sizeof(float), &scale, sizeof(float));
+    return nk_ok_k;
+}
+
+/* Stored codes in range (int8 never -128, int4 never -8), padding the zero code, a finite scale >= 0. */
+static int nk_integer_row_is_valid(nk_maxsim_header_t const *h, char const *base, uint64_t row) {
+    int dtype = (int)h->dtype, lowest = dtype == nk_dtype_int8_k ? -128 : dtype == nk_dtype_int4_k ? -8 : -2;
+    uint8_t const *values = (uint8_t const *)base + h->values_offset;
+    uint64_t row_bytes = nk_integer_row_bytes(h);
+    for (uint64_t k = 0; k < h->screen_depth; ++k) {
+        int q = nk_integer_at(dtype, values, h->vectors, row_bytes, row, k);
+        if (q == lowest) return 0;
+        if (k >= h->depth && q != (dtype == nk_dtype_uint1_k ? -1 : 0)) return 0; /* padding: bit 0 or q = 0 */
+    }
+    if (dtype == nk_dtype_uint1_k) return 1;
+    float scale;
+    memcpy(&scale, base + h->screen_scales_offset + row * sizeof(float), sizeof(float));
+    return scale >= 0.0f && scale <= FLT_MAX;
+}
+
+/* norms2 of one int8 / int4 row (uint1 has none): written, or (verify) compared. */
+static int nk_derive_integer_row(nk_maxsim_header_t const *h, char *base, uint64_t row, int verify) {
+    int dtype = (int)h->dtype;
+    if (dtype == nk_dtype_uint1_k) return 1;
+    uint64_t norm2 = 0, row_bytes = nk_integer_row_bytes(h);
+    for (uint64_t k = 0; k < h->depth; ++k) {
+        int q = nk_integer_at(dtype, (uint8_t const *)base + h->values_offset, h->vectors, row_bytes, row, k);
+        norm2 += (uint64_t)(q * q);
+    }
+    uint32_t stored = (uint32_t)norm2; /* <= 127^2 x NK_INTEGER_MAX_DEPTH < 2^32 */
+    return nk_put(base + h->inv_norms_offset + row * sizeof(uint32_t), &stored, sizeof(uint32_t), verify);
+}
+
+nk_status_t nk_maxsim_dequantize(nk_maxsim_matrix_t const *matrix, uint64_t first, uint64_t count, double *out) {
+    if (!matrix || !matrix->data || (count && !out) || first > matrix->info.vectors ||
+        count > matrix->info.vectors - first)
+        return nk_error_argument_k;
+    nk_maxsim_view_t view;
+    nk_maxsim_view_init(matrix, &view);
+    int dtype = (int)view.dtype;
+    for (uint64_t r = 0; r < count; ++r) {
+        uint64_t row = first + r;
+        double *target = out + r * view.depth;
+        if (!nk_dtype_is_integer(dtype)) {
+            nk_decode_span(dtype, (char const *)view.values + row * view.row_bytes, 0, view.depth, target);
+            continue;
+        }
+        double scale = view.scales ? (double)view.scales[row] : 1.0;
+        for (uint64_t k = 0; k < view.depth; ++k)
+            target[k] = scale * nk_integer_at(dtype, (uint8_t const *)view.values, view.vectors, view.row_bytes, row, k);
+    }
+    return nk_ok_k;
+}
+
 /* Derive inv_norms and the screening sections of one row from its stored values: written, or
  * (verify) compared bit for bit, which is how read-only buffers are trusted. 0 on mismatch. */
 static int nk_derive_row(nk_maxsim_header_t const *h, char *base, uint64_t row, int verify) {
     int dtype = (int)h->dtype;
+    if (nk_dtype_is_integer(dtype)) return nk_derive_integer_row(h, base, row, verify);
     void const *values = base + h->values_offset + row * h->depth * nk_dtype_itemsize(dtype);
     /* Spans are padded with zeros to a multiple of 4 and summed in 4 lanes, to break the
      * dependency chain; the order is fixed, so packing and verification agree bit for bit. */
@@ -431,6 +592,19 @@ nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride
     char *base = (char *)out;
     memset(base, 0, h.nbytes); /* padding bytes are deterministic */
     memcpy(base, &h, sizeof(h));
+    if (nk_dtype_is_integer(dtype)) {
+        if (source_dtype != nk_dtype_float64_k && !(source_dtype == nk_dtype_int8_k && dtype == nk_dtype_int8_k))
+            return nk_error_argument_k;
+        for (uint64_t row = 0; row < vectors; ++row) {
+            status = nk_pack_integer_row(&h, base, row, source_dtype, (char const *)src + (int64_t)row * row_stride);
+            if (status != nk_ok_k) {
+                if (bad_row) *bad_row = row;
+                return status;
+            }
+        }
+        nk_derive_all(&h, base, 0);
+        return nk_ok_k;
+    }
     size_t itemsize = nk_dtype_itemsize(dtype);
     int casting = source_dtype != dtype;
     double span[NK_SPAN];
@@ -475,6 +649,11 @@ static nk_status_t nk_check(void const *buf, uint64_t nbytes, nk_maxsim_header_t
     expected.capabilities = header->capabilities;
     if (memcmp(header, &expected, sizeof(expected)) != 0 || expected.nbytes != nbytes) return nk_error_corrupt_k;
     char const *base = (char const *)buf;
+    if (nk_dtype_is_integer((int)header->dtype)) {
+        for (uint64_t row = 0; row < header->vectors; ++row)
+            if (!nk_integer_row_is_valid(header, base, row)) return nk_error_corrupt_k;
+        return nk_ok_k;
+    }
     size_t row_bytes = (size_t)(header->depth * nk_dtype_itemsize((int)header->dtype));
     for (uint64_t row = 0; row < header->vectors; ++row)
         if (!nk_row_is_valid((int)header->dtype, base + header->values_offset + row * row_bytes, header->depth))

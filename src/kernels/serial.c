@@ -36,7 +36,36 @@ static double nk_dot_serial(int dtype, void const *a, void const *b, uint64_t de
     return (u[0] + u[2]) + (u[1] + u[3]);
 }
 
+/* The integer formats: exact integer dot products of the stored codes, one element at a time
+ * through the tiled layout; cosines as maxsim_internal.h states. */
+static double nk_maxsim_serial_integer(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    int dtype = (int)q->dtype;
+    uint8_t const *q_values = (uint8_t const *)q->values, *d_values = (uint8_t const *)d->values;
+    double total = 0.0;
+    for (uint64_t i = 0; i < q->vectors; ++i) {
+        double inv_q = dtype == nk_dtype_uint1_k ? 1.0 : nk_integer_inv_norm(q->norms2[i]);
+        double best = -2.0;
+        for (uint64_t j = 0; j < d->vectors && inv_q != 0.0; ++j) {
+            int64_t dot = 0;
+            for (uint64_t k = 0; k < q->depth; ++k)
+                dot += (int64_t)nk_integer_at(dtype, q_values, q->vectors, q->row_bytes, i, k) *
+                       nk_integer_at(dtype, d_values, d->vectors, d->row_bytes, j, k);
+            double cos;
+            if (dtype == nk_dtype_uint1_k) cos = (double)dot / (double)q->depth;
+            else {
+                double inv_d = nk_integer_inv_norm(d->norms2[j]);
+                cos = inv_d == 0.0 ? 0.0 : (double)dot * inv_q * inv_d;
+            }
+            if (cos > best) best = cos;
+        }
+        total += nk_row_distance(inv_q, best);
+        if (total > q->stop_above) return total;
+    }
+    return total;
+}
+
 double nk_maxsim_serial(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    if (nk_dtype_is_integer((int)q->dtype)) return nk_maxsim_serial_integer(q, d);
     size_t row_bytes = q->row_bytes;
     double total = 0.0;
     for (uint64_t i = 0; i < q->vectors; ++i) {

@@ -119,12 +119,20 @@ cdef class MaxSimPackedCorpus:
 
     def document(self, index):
         """The stored values of document `index`: a read-only array [rows, depth] of the stored dtype
-        (float32, ml_dtypes.bfloat16, ...) that shares this corpus's buffer."""
+        (float32, ml_dtypes.bfloat16, ...) that shares this corpus's buffer. The integer formats are
+        stored tiled: for them a float64 copy of the values they stand for (scale x q, or +-1)."""
         cdef uint64_t i = self._index(index)
         cdef nk_maxsim_matrix_t document = nk_corpus_document(&self.corpus, i, NULL)
+        shape = (document.info.vectors, document.info.depth)
+        if _DTYPE_NAMES[self.corpus.info.dtype] in _INTEGER_NAMES:  # stored tiled: a float64 copy of the values
+            values = np.empty(shape, dtype=np.float64)
+            _raise_for(nk_maxsim_dequantize(&document, 0, shape[0],
+                                            <double *><uintptr_t>values.__array_interface__["data"][0]),
+                       {"what": f"document {i}"})
+            values.flags.writeable = False
+            return values
         cdef uintptr_t start = <uintptr_t>nk_maxsim_values(&document) - <uintptr_t>self.corpus.data
         dtype = _NUMPY_DTYPES[_DTYPE_NAMES[self.corpus.info.dtype]]
-        shape = (document.info.vectors, document.info.depth)
         return np.frombuffer(memoryview(self), dtype=dtype, count=shape[0] * shape[1], offset=start).reshape(shape)
 
     cdef uint64_t _index(self, object index) except? 0:
@@ -260,6 +268,7 @@ def _lengths_array(lengths):
 cdef uint64_t _corpus_size(object counts, uint64_t depth, int code) except? 0:
     cdef uint64_t[::1] view = counts
     cdef uint64_t nbytes = 0
+    _check_depth(_DTYPE_NAMES[code], depth)
     _raise_for(nk_corpus_pack_size(&view[0] if view.shape[0] else NULL, view.shape[0], depth, code, &nbytes),
                {"what": f"a corpus of {view.shape[0]} documents x depth {depth} {_DTYPE_NAMES[code]}"})
     return nbytes
@@ -522,6 +531,7 @@ cdef class _CorpusBuilder:
             self.depth = matrices[0].shape[1]
         if self.name is None:  # inferred from the first document; later ones must fit it exactly
             self.name = _infer_dtype_name(matrices[0], f"document {first_index}")
+        _check_depth(self.name, self.depth)
         for i in range(count):
             matrix = matrices[i]
             if matrix.shape[1] != self.depth:
@@ -552,12 +562,7 @@ cdef class _CorpusBuilder:
         cdef nk_pack_source_t *sources = <nk_pack_source_t *><uintptr_t>sources_memory.__array_interface__["data"][0]
         kept = []
         for i in range(count):
-            matrix = matrices[i]
-            if matrix.dtype != _NUMPY_DTYPES[self.name] or not matrix.flags.aligned:
-                matrix = matrix.astype(np.float64)
-                sources[i].dtype = nk_dtype_float64_k
-            else:
-                sources[i].dtype = self.code
+            matrix, sources[i].dtype = _packing_source(matrices[i], self.name)
             kept.append(matrix)
             sources[i].rows = <const void *><uintptr_t>matrix.__array_interface__["data"][0]
             sources[i].row_stride = matrix.strides[0]

@@ -15,6 +15,7 @@ cdef extern from "numkong/maxsim.h" nogil:
         nk_error_dtype_mismatch_k
         nk_error_empty_k
         nk_error_version_k
+        nk_error_range_k
 
     ctypedef enum nk_dtype_t:
         nk_dtype_float64_k
@@ -25,6 +26,9 @@ cdef extern from "numkong/maxsim.h" nogil:
         nk_dtype_e5m2_k
         nk_dtype_e2m3_k
         nk_dtype_e3m2_k
+        nk_dtype_int8_k
+        nk_dtype_int4_k
+        nk_dtype_uint1_k
 
     enum:
         nk_cap_serial_k
@@ -61,6 +65,7 @@ cdef extern from "numkong/maxsim.h" nogil:
     nk_status_t nk_maxsim_verify(const void *buf, uint64_t nbytes, nk_maxsim_info_t *info)
     nk_status_t nk_maxsim_info(const void *buf, nk_maxsim_info_t *info)
     const void *nk_maxsim_values(const nk_maxsim_matrix_t *matrix)
+    nk_status_t nk_maxsim_dequantize(const nk_maxsim_matrix_t *matrix, uint64_t first, uint64_t count, double *out)
     uint32_t nk_maxsim_format_version(const void *buf, uint64_t nbytes)
     uint32_t nk_corpus_format_version(const void *buf, uint64_t nbytes)
     nk_status_t nk_maxsim_score_matrices(const nk_maxsim_matrix_t *queries, const nk_maxsim_matrix_t *documents,

@@ -262,6 +262,8 @@ _STATUS_ERRORS = {
     nk_error_empty_k: (ValueError, "{empty}"),
     nk_error_version_k: (ValueError, "corrupt packed {kind}: it is in format version {found}, this numkong reads "
                                      "version {expected}; pack the source arrays again"),
+    nk_error_range_k: (ValueError, "row {row} holds -128, outside int8's symmetric range -127..127: clip it "
+                                   "(np.clip(x, -127, 127)), or pass it as floats to be rescaled per row"),
 }
 
 
@@ -290,8 +292,13 @@ cdef dict _pair_context(MaxSimPackedMatrix left, MaxSimPackedMatrix right, str l
 _DTYPE_CODES = {  # the nk_dtype_t codes of the C header
     "float64": nk_dtype_float64_k, "float32": nk_dtype_float32_k, "float16": nk_dtype_float16_k,
     "bfloat16": nk_dtype_bfloat16_k, "e4m3": nk_dtype_e4m3_k, "e5m2": nk_dtype_e5m2_k, "e2m3": nk_dtype_e2m3_k,
-    "e3m2": nk_dtype_e3m2_k,
+    "e3m2": nk_dtype_e3m2_k, "int8": nk_dtype_int8_k, "int4": nk_dtype_int4_k, "uint1": nk_dtype_uint1_k,
 }
+# Integer formats: values stored tiled with a per-row scale (int8, int4) or as bits (uint1).
+_INTEGER_NAMES = ("int8", "int4", "uint1")
+_INTEGER_MAX_DEPTH = 262144  # int8 / int4: 127^2 x depth must fit the uint32 sum of squares
+# Integer spellings of the API that are not packing formats, and what to use instead.
+_INTEGER_REFUSED = ("uint4", "int64", "int32", "int16", "uint64", "uint32", "uint16", "uint8")
 _DTYPE_NAMES = {code: name for name, code in _DTYPE_CODES.items()}
 # Every NumPy, ml_dtypes and torch spelling of a packing format (torch dtypes by their str() without
 # "torch."). "float" is refused: NumPy reads it as float64, torch as float32.
@@ -310,7 +317,7 @@ _NUMPY_DTYPES = {
     "float64": np.dtype(np.float64), "float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(ml_dtypes.bfloat16), "e4m3": np.dtype(ml_dtypes.float8_e4m3fn),
     "e5m2": np.dtype(ml_dtypes.float8_e5m2), "e2m3": np.dtype(ml_dtypes.float6_e2m3fn),
-    "e3m2": np.dtype(ml_dtypes.float6_e3m2fn),
+    "e3m2": np.dtype(ml_dtypes.float6_e3m2fn), "int8": np.dtype(np.int8),
 }
 _NAME_BY_NUMPY = {dt: name for name, dt in _NUMPY_DTYPES.items()}
 # Narrowest first: the order in which a dtype is chosen to hold an input format exactly.
@@ -362,6 +369,10 @@ def _dtype_name(dtype):
         if key == "float":
             raise ValueError("dtype 'float' is ambiguous (NumPy reads it as float64, torch as float32); "
                              "say 'float32' or 'float64'")
+        if key in _INTEGER_REFUSED:
+            raise ValueError(f"dtype {dtype!r} is not a packing format: numkong packs integers as 'int8' (symmetric, "
+                             f"-127..127 with a scale per row), 'int4' (-7..7) or 'uint1' (one sign bit); any "
+                             f"integer or float input packs into them")
         spellings = list(_DTYPE_CODES) + list(_DTYPE_ALIASES)
         close = difflib.get_close_matches(key, spellings, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -374,7 +385,27 @@ def _dtype_name(dtype):
                         f"not {dtype!r}") from None
     if dt.newbyteorder("=") in _NAME_BY_NUMPY:
         return _NAME_BY_NUMPY[dt.newbyteorder("=")]
+    if dt.kind in "iu" and dt.name in _INTEGER_REFUSED:
+        return _dtype_name(dt.name)  # the message for integer names
     raise ValueError(f"unknown dtype {dtype!r}: numkong packs {', '.join(_DTYPE_CODES)}")
+
+
+def _check_depth(name, depth):
+    """The integer formats' depth limit, as an error that says what to do."""
+    if name in ("int8", "int4") and depth > _INTEGER_MAX_DEPTH:
+        raise ValueError(f"{name} packs depth up to {_INTEGER_MAX_DEPTH:,} (its exact sum of squares per row is a "
+                         f"uint32); depth {depth:,} needs dtype='uint1' or a float format")
+
+
+def _packing_source(arr, name):
+    """(rows the C packer reads, their nk_dtype_t code): rows already in the packing format (int8 for
+    int8) in place, anything else through float64, which holds every input exactly (integers beyond
+    2**53 round once); the packer then rounds. uint1 from bool: True is +1, False -1."""
+    if name in _NUMPY_DTYPES and arr.dtype == _NUMPY_DTYPES[name] and arr.flags.aligned:
+        return arr, _DTYPE_CODES[name]
+    if name == "uint1" and arr.dtype == np.bool_:
+        return np.where(arr, 1.0, -1.0), nk_dtype_float64_k
+    return arr.astype(np.float64), nk_dtype_float64_k
 
 
 cdef bint _is_array_like(object obj):
@@ -465,6 +496,7 @@ cdef class MaxSimPackedMatrix:
         _count(depth, "depth")
         if depth == 0:
             raise ValueError("depth must be at least 1")
+        _check_depth(_DTYPE_NAMES[code], depth)
         _raise_for(nk_maxsim_pack_size(vectors, depth, code, &nbytes),
                    {"what": f"{vectors} x {depth} {_DTYPE_NAMES[code]}"})
         return nbytes
@@ -616,12 +648,8 @@ cdef int _pack_into(object arr, str name, uint64_t mask, void *out, uint64_t cap
                     nk_maxsim_info_t *info) except -1:
     """Pack a checked 2-D array into `capacity` bytes at `out` (64-byte aligned); fill *info."""
     cdef int code = _DTYPE_CODES[name]
-    cdef int source_code = code
-    if arr.dtype != _NUMPY_DTYPES[name] or not arr.flags.aligned:
-        # Any other format goes through float64, which holds every supported input exactly
-        # (integers beyond 2**53 round once); the C packer then rounds to nearest even.
-        arr = arr.astype(np.float64)
-        source_code = nk_dtype_float64_k
+    cdef int source_code
+    arr, source_code = _packing_source(arr, name)
     cdef uint64_t vectors = arr.shape[0], depth = arr.shape[1], bad_row = 0
     cdef uintptr_t source = arr.__array_interface__["data"][0]
     cdef int64_t row_stride = arr.strides[0]
@@ -637,6 +665,7 @@ cdef int _pack_into(object arr, str name, uint64_t mask, void *out, uint64_t cap
 
 cdef MaxSimPackedMatrix _pack(object arr, str name, uint64_t mask):
     cdef uint64_t nbytes = 0
+    _check_depth(name, arr.shape[1])
     _raise_for(nk_maxsim_pack_size(arr.shape[0], arr.shape[1], _DTYPE_CODES[name], &nbytes),
                {"what": f"{arr.shape[0]} x {arr.shape[1]} {name}"})
     cdef MaxSimPackedMatrix packed = _allocate(nbytes)

@@ -62,7 +62,8 @@ static void *pack(double const *x, uint64_t rows, uint64_t depth, int dtype) {
  * (for slow emulated runs: tests/c/run_arm.sh at SVE vector lengths above 128 bits). */
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
-    static char const *dtype_names[] = {"", "float64", "float32", "float16", "bfloat16", "e4m3", "e5m2", "e2m3", "e3m2"};
+    static char const *dtype_names[] = {"",     "float64", "float32", "float16", "bfloat16", "e4m3",
+                                        "e5m2", "e2m3",    "e3m2",    "int8",    "int4",     "uint1"};
     /* 15, 16, 31, 33: around one and two 16-lane steps of the canonical dot. */
     static uint64_t const depths[] = {1, 3, 4, 15, 16, 17, 31, 33, 64, 128, 129, 1000};
     static uint64_t const shapes[][2] = {{1, 1}, {1, 17}, {5, 3}, {32, 180}, {7, 33}, {40, 300}};
@@ -95,7 +96,7 @@ int main(int argc, char **argv) {
 #ifdef NK_AMX_EMULATE
     printf("sapphireamx (emulated tile instructions): checked\n");
 #endif
-    for (int dtype = 1; dtype <= 8; ++dtype)
+    for (int dtype = 1; dtype <= nk_dtype_uint1_k; ++dtype)
         for (size_t c = 0; c < case_count; ++c)
             for (int kind = 0; kind < kind_count; ++kind) {
                 size_t e = c - depth_count * shape_count;

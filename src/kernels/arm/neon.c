@@ -108,4 +108,8 @@ static void nk_neon_screen(nk_arm_group_t *group, float const *growth, uint64_t 
 #define nk_family_screen nk_neon_screen
 #include "driver.h"
 
-double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) { return nk_driver_maxsim(q, d); }
+#include "integer_maxsim.h"
+
+double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    return nk_dtype_is_integer((int)q->dtype) ? nk_integer_maxsim(q, d) : nk_driver_maxsim(q, d);
+}

@@ -125,4 +125,8 @@ static void nk_sve_screen(nk_sve_query_t *query, float const *growth, uint64_t r
 #define nk_family_screen nk_sve_screen
 #include "driver.h"
 
-double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) { return nk_driver_maxsim(q, d); }
+#include "integer_maxsim.h"
+
+double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    return nk_dtype_is_integer((int)q->dtype) ? nk_integer_maxsim(q, d) : nk_driver_maxsim(q, d);
+}

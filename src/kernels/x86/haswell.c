@@ -300,4 +300,8 @@ static void nk_hsw_dot_batch(int dtype, void const *const *a, void const *const 
 #define nk_family_dot_batch nk_hsw_dot_batch
 #include "driver.h"
 
-double nk_maxsim_haswell(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) { return nk_driver_maxsim(q, d); }
+#include "integer_maxsim.h"
+
+double nk_maxsim_haswell(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    return nk_dtype_is_integer((int)q->dtype) ? nk_integer_maxsim(q, d) : nk_driver_maxsim(q, d);
+}

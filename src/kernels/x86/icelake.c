@@ -265,4 +265,9 @@ static void nk_ice_screen(nk_ice_group_t *group, float const *growth, uint64_t r
 #include "avx512_rescoring.h"
 #include "driver.h"
 
-double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) { return nk_driver_maxsim(q, d); }
+#include "avx512_integer.h"
+#include "integer_maxsim.h"
+
+double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    return nk_dtype_is_integer((int)q->dtype) ? nk_integer_maxsim(q, d) : nk_driver_maxsim(q, d);
+}

@@ -421,7 +421,12 @@ static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t
 #include "avx512_rescoring.h"
 #include "driver.h"
 
+#include "avx512_integer.h"
+#include "integer_maxsim.h"
+
 double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    /* The integer formats use VNNI (avx512_integer.h), not tiles: no tile configuration to load. */
+    if (nk_dtype_is_integer((int)q->dtype)) return nk_integer_maxsim(q, d);
     nk_samx_tile_config_t config;
     memset(&config, 0, sizeof(config));
     config.palette = 1;

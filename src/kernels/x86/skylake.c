@@ -290,4 +290,8 @@ static void nk_skl_screen(nk_skl_group_t *group, float const *growth, uint64_t r
 #define nk_family_dot_batch nk_skl_dot_batch
 #include "driver.h"
 
-double nk_maxsim_skylake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) { return nk_driver_maxsim(q, d); }
+#include "integer_maxsim.h"
+
+double nk_maxsim_skylake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    return nk_dtype_is_integer((int)q->dtype) ? nk_integer_maxsim(q, d) : nk_driver_maxsim(q, d);
+}

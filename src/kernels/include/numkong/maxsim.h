@@ -41,6 +41,11 @@ typedef enum nk_dtype {
     nk_dtype_e5m2_k = 6, /* OCP FP8 E5M2 */
     nk_dtype_e2m3_k = 7, /* OCP MX FP6 E2M3 in the low 6 bits of a byte */
     nk_dtype_e3m2_k = 8, /* OCP MX FP6 E3M2 in the low 6 bits of a byte */
+    /* Integer formats: dot products are exact integer sums, so the score needs no float rescoring.
+     * Values are stored tiled for the kernels (maxsim_internal.h), not row-major. */
+    nk_dtype_int8_k = 9,  /* symmetric int8: value = scale x q, q in -127..127, one float32 scale per row */
+    nk_dtype_int4_k = 10, /* symmetric 4-bit: value = scale x q, q in -7..7, two per byte */
+    nk_dtype_uint1_k = 11, /* one bit per dimension: +1 where set, -1 where not */
 } nk_dtype_t;
 
 /* Kernel families, one bit each. Stored in packed buffers: never renumber. Bits 4 and 8 are
@@ -73,6 +78,7 @@ typedef enum nk_status {
     nk_error_empty_k = 8,          /* documents have no rows while queries have some; a corpus without
                                     * documents or with a 0-row document */
     nk_error_version_k = 9,        /* bytes of another format version (nk_maxsim_format_version says which) */
+    nk_error_range_k = 10,         /* an int8 input holds -128, outside the symmetric range; *bad_row says which */
 } nk_status_t;
 
 /* What a packed buffer's header says, after validation. */
@@ -93,8 +99,13 @@ typedef struct nk_maxsim_matrix {
     nk_maxsim_info_t info;
 } nk_maxsim_matrix_t;
 
-/* Bytes per stored element of a dtype, or 0 for an unknown code. */
+/* Bytes per stored element of a dtype, or 0 for an unknown code and for the sub-byte formats
+ * (int4, uint1: see nk_maxsim_row_bytes). */
 size_t nk_dtype_itemsize(int dtype);
+
+/* Bytes one stored row of `depth` elements takes (integer formats: padded to their 4-byte words)
+ * into *bytes. nk_error_argument_k for an unknown dtype, nk_error_overflow_k when it does not fit. */
+nk_status_t nk_maxsim_row_bytes(int dtype, uint64_t depth, uint64_t *bytes);
 
 /* Exact byte size of a packed matrix. nk_error_overflow_k when it does not fit 64 bits. */
 nk_status_t nk_maxsim_pack_size(uint64_t vectors, uint64_t depth, int dtype, uint64_t *nbytes);
@@ -102,7 +113,10 @@ nk_status_t nk_maxsim_pack_size(uint64_t vectors, uint64_t depth, int dtype, uin
 /* Pack `vectors` rows of `depth` elements into `out` (64-byte aligned, out_nbytes >= pack size).
  * `src` holds rows of `source_dtype`, which is either `dtype` itself (stored bit-exact, unless
  * the row is outside the kernels' safe range) or nk_dtype_float64_k (cast with round-to-nearest-
- * even after scaling each row by a power of two). Rows are `row_stride` bytes apart (any sign).
+ * even after scaling each row by a power of two). Integer formats: int8 rows (source int8) are
+ * stored bit-exact with scale 1 (-128 is nk_error_range_k); float64 rows are scaled per row so that
+ * the largest magnitude maps to 127 (int8) or 7 (int4) and rounded to nearest even; uint1 keeps the
+ * sign (zero counts as +1). Rows are `row_stride` bytes apart (any sign).
  * `capabilities` is the caller's restriction, NK_CAPABILITIES_ANY for none. Each row is checked as
  * stored, so a source changing under the packer cannot plant a NaN or infinity: on
  * nk_error_nonfinite_k, *bad_row is the first row holding one. */
@@ -121,8 +135,13 @@ nk_status_t nk_maxsim_load(void *buf, uint64_t nbytes, nk_maxsim_info_t *info);
 nk_status_t nk_maxsim_verify(void const *buf, uint64_t nbytes, nk_maxsim_info_t *info);
 
 /* The stored values of a validated matrix: info.vectors rows of info.depth elements of its dtype,
- * row-major, no padding. */
+ * row-major, no padding. NULL for the integer formats, which are stored tiled: read their values
+ * with nk_maxsim_dequantize. */
 void const *nk_maxsim_values(nk_maxsim_matrix_t const *matrix);
+
+/* Rows [first, first + count) of a validated matrix as the float64 values they stand for (for the
+ * integer formats scale x q, or +-1), row-major into `out` (count x depth doubles). Exact. */
+nk_status_t nk_maxsim_dequantize(nk_maxsim_matrix_t const *matrix, uint64_t first, uint64_t count, double *out);
 
 /* Read the header of a buffer produced by nk_maxsim_pack() or nk_maxsim_load(). */
 nk_status_t nk_maxsim_info(void const *buf, nk_maxsim_info_t *info);
