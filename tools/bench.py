@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Benchmark numkong's MaxSim against NumPy, torch, maxsim-cpu and (optionally) another numkong build.
 
-Pairs (one query vs one document) run on one thread pinned to one CPU; batched reranking (one query
+Pairs (one query vs one document) run on one thread pinned to one CPU, the float formats against the
+baselines and then the integer formats (int8, int4, uint1) against bfloat16, beside the core's peaks
+measured by tools/peaks.c (built with the system C compiler); batched reranking (one query
 vs a 1,000-document corpus) then runs in a fresh, unpinned process on 1 and on all cores, against
 maxsim-cpu's maxsim_scores_variable (which uses all cores).
 
@@ -53,6 +55,7 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -236,14 +239,15 @@ def packed_sizes(anchor, rows=1024):
     """Packed bytes per row over raw bytes per row, for each dtype at depth 128 and 768."""
     import numkong as nk
     results = []
-    print(f"\nPacked bytes per row ({rows} rows; raw = depth x itemsize of the input format)")
+    print(f"\nPacked bytes per row ({rows} rows; raw = depth x the format's bits / 8)")
     print(f"{'dtype':<9} {'depth':>5} {'raw B':>7} {'ours B':>9} {'ratio':>6} {'anchor B':>9} {'ratio':>6}")
-    for dtype in DTYPES:
+    for dtype in DTYPES + INTEGER_DTYPES:
         for depth in (128, 768):
-            raw = depth * stored(np.ones((1, 1)), dtype).itemsize
+            bits = {"int8": 8, "int4": 4, "uint1": 1}.get(dtype)
+            raw = depth * bits // 8 if bits else depth * stored(np.ones((1, 1)), dtype).itemsize
             ours = nk.MaxSimPackedMatrix.pack_size(rows, depth, dtype=dtype) / rows
             theirs = None
-            if anchor:
+            if anchor and not bits:
                 matrix = stored(np.random.default_rng(0).standard_normal((rows, depth)), dtype).astype(np.float32)
                 reply = anchor.pack(matrix, matrix, dtype)
                 theirs = reply["nbytes"][0] / rows if "nbytes" in reply else None
@@ -287,6 +291,89 @@ def implementations(data_sets, dtype, families, anchor):
 
 CORPUS_CASES = {"1000 docs x 180": lambda rng: np.full(1000, 180),
                 "1000 docs x 50..800": lambda rng: rng.integers(50, 801, 1000)}
+
+
+INTEGER_DTYPES = ["int8", "int4", "uint1"]
+
+
+def instruction_peaks():
+    """{instruction: G ops/s or 'n/a ...'} from tools/peaks.c, built with the system C compiler; {} without one."""
+    compiler = next((c for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peaks.c")
+    if compiler is None:
+        return {}
+    with tempfile.TemporaryDirectory() as scratch:
+        binary = os.path.join(scratch, "peaks")
+        build = subprocess.run([compiler, "-O3", "-mavx512f", "-mavx512vnni", "-mamx-tile", "-mamx-int8", source,
+                                "-o", binary], capture_output=True, text=True)
+        if build.returncode != 0:
+            return {"all": f"n/a (tools/peaks.c does not build here: {build.stderr.strip()[:80]})"}
+        run = subprocess.run([binary], capture_output=True, text=True)
+    peaks = {}
+    for line in run.stdout.splitlines():
+        name, _, value = line.partition(" ")
+        peaks[name] = float(value) if value.replace(".", "").isdigit() else value
+    return peaks
+
+
+def dequantized(matrix, dtype):
+    """The float64 values a packing in `dtype` stands for (integer formats: scale x q, or +-1)."""
+    import numkong as nk
+    return nk.maxsim_pack_corpus([matrix], dtype=dtype).document(0).astype(np.float64)
+
+
+def integer_cases(rounds, target, datasets):
+    """int8 / int4 / uint1 against bfloat16 on the pair shapes (one pinned thread), with the instruction
+    peaks, and scoring a 1,000-document corpus (one thread)."""
+    import numkong as nk
+    peaks = instruction_peaks()
+    peak_text = ", ".join(f"{name} {value:.0f}" if isinstance(value, float) else f"{name} {value}"
+                          for name, value in peaks.items()) or "n/a (no C compiler)"
+    print(f"\nInteger formats, exact (no rescoring), one thread; GSO/s = 2 x Q x D x depth / time, beside this "
+          f"core's measured peaks in G ops/s (tools/peaks.c): {peak_text}")
+    print(f"{'shape QxDxdepth':<16} {'dtype':<9} {'us':>11} {'GSO/s':>8} {'t/bf16':>7} {'paired':>7} {'rel err':>9}")
+    records = {"peaks": peaks, "pairs": [], "corpus": []}
+    names = ["bfloat16"] + INTEGER_DTYPES
+    for shape in SHAPES:
+        count_q, count_d, depth = shape
+        label = "x".join(map(str, shape))
+        operands, expected = {name: [] for name in names}, {name: [] for name in names}
+        for k in range(datasets):
+            rng = np.random.default_rng(list(shape) + [100 + k])
+            raw_q = rng.standard_normal((count_q, depth), dtype=np.float32)
+            raw_d = rng.standard_normal((count_d, depth), dtype=np.float32)
+            for name in names:
+                operands[name].append((nk.maxsim_pack(raw_q, name), nk.maxsim_pack(raw_d, name)))
+                expected[name].append(reference(dequantized(raw_q, name), dequantized(raw_d, name)))
+        timers = {name: (lambda pairs=operands[name]: [nk.maxsim_packed(*pair) for pair in pairs]) for name in names}
+        times = {name: [] for name in names}
+        for _ in range(rounds):
+            for name in names:
+                times[name].append(per_call_seconds(timers[name], target) / datasets)
+        for name in names:
+            seconds = min(times[name])
+            error = max(abs(nk.maxsim_packed(*pair) - want) / want for pair, want in zip(operands[name], expected[name]))
+            record = {"shape": list(shape), "dtype": name, "us": seconds * 1e6,
+                      "gsops": 2 * count_q * count_d * depth / seconds / 1e9, "ratio": seconds / min(times["bfloat16"]),
+                      "paired_ratio": paired_ratio(times[name], times["bfloat16"]), "rel_error": error}
+            records["pairs"].append(record)
+            print(f"{label:<16} {name:<9} {record['us']:>11.2f} {record['gsops']:>8.1f} {record['ratio']:>7.2f} "
+                  f"{record['paired_ratio']:>7.2f} {error:>9.1e}")
+    rng = np.random.default_rng(7)
+    query = rng.standard_normal((32, 128), dtype=np.float32)
+    documents = [rng.standard_normal((180, 128), dtype=np.float32) for _ in range(1000)]
+    print("\nOne 32 x 128 query vs 1,000 documents x 180 tokens, one thread")
+    print(f"{'dtype':<9} {'ms':>9} {'t/bf16':>7} {'B/token':>8}")
+    corpus_times = {}
+    for name in names:
+        corpus, packed = nk.maxsim_pack_corpus(documents, dtype=name), nk.maxsim_pack(query, name)
+        corpus_times[name] = min(per_call_seconds(lambda: nk.maxsim_packed_corpus(packed, corpus, threads=1),
+                                                  max(target, 0.05)) for _ in range(rounds))
+        record = {"dtype": name, "ms": corpus_times[name] * 1e3,
+                  "ratio": corpus_times[name] / corpus_times["bfloat16"], "bytes_per_token": corpus.nbytes / 180000}
+        records["corpus"].append(record)
+        print(f"{name:<9} {record['ms']:>9.2f} {record['ratio']:>7.2f} {record['bytes_per_token']:>8.1f}")
+    return records
 
 
 def corpus_cases(rounds, target):
@@ -443,6 +530,8 @@ def run(args):
                     ours = times[dtype, "numkong"]
                     summary.append(f"{dtype} {min(ours) / min(bf16):.2f} {paired_ratio(ours, bf16):.2f}")
             print(f"{label:<16} numkong time / bfloat16's (best, paired): {', '.join(summary)}")
+    with limits:
+        integers = integer_cases(rounds, target, args.datasets)
     sizes = packed_sizes(anchor)
     if anchor:
         anchor.close()
@@ -458,8 +547,8 @@ def run(args):
     corpus, pylate = worker["corpus"], worker["pylate"]
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"meta": meta, "results": records, "packed_bytes_per_row": sizes, "corpus": corpus,
-                       "pylate": pylate}, file, indent=1)
+            json.dump({"meta": meta, "results": records, "integers": integers, "packed_bytes_per_row": sizes,
+                       "corpus": corpus, "pylate": pylate}, file, indent=1)
         print(f"\nwrote {args.json}")
 
 

@@ -163,7 +163,12 @@ static double nk_integer_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
         for (uint64_t r = 0; r < chunk_rows + NK_INTEGER_ROWS; ++r) best[r] = binary ? (double)INT32_MAX : -2.0;
         for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_INTEGER_BLOCK) {
             uint64_t docs = d->vectors - first_doc < NK_INTEGER_BLOCK ? d->vectors - first_doc : NK_INTEGER_BLOCK;
-            for (uint64_t j = 0; j < docs && !binary; ++j) inv_d[j] = nk_integer_inv_norm(d->norms2[first_doc + j]);
+            if (!binary)
+                for (uint64_t j = 0; j < docs; ++j) { /* nk_integer_inv_norm's bits, branch-free to vectorize */
+                    uint32_t norm2 = d->norms2[first_doc + j];
+                    double present = (double)(norm2 != 0);
+                    inv_d[j] = present / sqrt((double)norm2 + (1.0 - present));
+                }
             for (uint64_t first = chunk; first < chunk + chunk_rows; first += NK_INTEGER_ROWS) {
                 uint64_t rows = chunk + chunk_rows - first < NK_INTEGER_ROWS ? chunk + chunk_rows - first : NK_INTEGER_ROWS;
                 for (uint64_t r = 0; r < NK_INTEGER_ROWS; ++r) /* a zero row's cosines are 0: distance 1 below */

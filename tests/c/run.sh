@@ -9,7 +9,7 @@ out="${1:-$(mktemp -d)}"
 mkdir -p "$out"
 cc="${CC:-gcc}"
 # CFLAGS adds flags, e.g. CFLAGS="-fsanitize=address,undefined" for a sanitizer run.
-common=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra ${CFLAGS:-} -I"$root/src/kernels" -I"$root/src/kernels/include")
+common=(-O2 -std=c11 -ffp-contract=off -fno-math-errno -Wall -Wextra ${CFLAGS:-} -I"$root/src/kernels" -I"$root/src/kernels/include")
 objects=()
 defines=()
 compile() { # path under src/kernels without .c, flags...

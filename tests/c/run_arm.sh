@@ -28,7 +28,7 @@ if ! command -v "$cc" >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
     exit 2
 fi
 
-common=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra -I"$root/src/kernels" -I"$root/src/kernels/include")
+common=(-O2 -std=c11 -ffp-contract=off -fno-math-errno -Wall -Wextra -I"$root/src/kernels" -I"$root/src/kernels/include")
 defines=(-DNK_HAVE_NEON -DNK_HAVE_SVE)
 objects=()
 compile() { # path under src/kernels without .c, flags...

@@ -20,7 +20,7 @@ if ! command -v "$cc" >/dev/null || [ -z "$wine" ]; then
 fi
 echo "compiler: $("$cc" --version | head -n 1); wine: $("$wine" --version 2>/dev/null || echo "?")"
 
-common=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra -I"$root/src/kernels" -I"$root/src/kernels/include")
+common=(-O2 -std=c11 -ffp-contract=off -fno-math-errno -Wall -Wextra -I"$root/src/kernels" -I"$root/src/kernels/include")
 objects=() defines=() built=()
 compile() { # name flags...
     local name="$1"; shift
