@@ -25,11 +25,12 @@
  *                                uint64_t first_doc, uint64_t docs, uint64_t first_word, uint64_t count,
  *                                int accumulate, int finish, int32_t const *bias, double const *inv_q,
  *                                double const *inv_d, int32_t *dots, double *best)
- *       For rows r < NK_INTEGER_ROWS and documents j < docs, the dot product D[r][j] = (accumulate ?
- *       dots[r * NK_INTEGER_BLOCK + j] : 0) - bias[r] + the sum over stored words [first_word,
- *       first_word + count); kept in dots unless `finish`, when best[r] becomes the larger of itself
- *       and max over j of ((double)D[r][j] * inv_q[r]) * inv_d[j] (uint1: the smaller of itself and
- *       min over j of D[r][j]).
+ *       For rows r < NK_INTEGER_ROWS and documents j < docs, D[r][j] = (accumulate ?
+ *       dots[r * NK_INTEGER_BLOCK + j] : 0) + the exact dot product of query row r's and document j's
+ *       codes over stored words [first_word, first_word + count) (uint1: their Hamming distance);
+ *       a kernel that multiplies the biased document codes as stored subtracts bias[r]. D is kept in
+ *       dots unless `finish`, when best[r] becomes the larger of itself and max over j of
+ *       ((double)D[r][j] * inv_q[r]) * inv_d[j] (uint1: the smaller of itself and min over j of D[r][j]).
  * Stack: 16 KB of words, 16 KB of dots, 4 KB of inverse norms, 2 KB of best cosines.
  */
 #ifndef NUMKONG_INTEGER_MAXSIM_H

@@ -11,6 +11,7 @@ _FloatTypeName = Literal[
     "float64", "f64", "float32", "f32", "float16", "f16", "bfloat16", "bf16",
     "e4m3", "float8_e4m3", "e5m2", "float8_e5m2", "e2m3", "float6_e2m3", "e3m2", "float6_e3m2",
 ]
+_IntegerTypeName = Literal["int8", "int4", "uint1"]  # exact integer packings (a scale per row; sign bits)
 _MiniFloatType = type
 _ComplexTypeName = Literal["complex32", "complex64", "complex128"]
 _BufferType = Any  # anything with the buffer protocol, __array_interface__ or __array__
@@ -36,7 +37,9 @@ class MaxSimPackedMatrix:
     """Opaque pre-packed matrix for MaxSim late-interaction scoring."""
 
     @classmethod
-    def pack_size(cls, vectors: int, depth: int, /, dtype: Union[_FloatTypeName, _MiniFloatType]) -> int: ...
+    def pack_size(
+        cls, vectors: int, depth: int, /, dtype: Union[_FloatTypeName, _IntegerTypeName, _MiniFloatType]
+    ) -> int: ...
     def __repr__(self) -> str: ...
     @property
     def vectors(self) -> int: ...
@@ -63,7 +66,7 @@ class MaxSimPackedCorpus:
 
     @classmethod
     def pack_size(
-        cls, lengths: Sequence[int], depth: int, /, dtype: Union[_FloatTypeName, _MiniFloatType]
+        cls, lengths: Sequence[int], depth: int, /, dtype: Union[_FloatTypeName, _IntegerTypeName, _MiniFloatType]
     ) -> int: ...
     @classmethod
     def load(
@@ -100,7 +103,7 @@ class MaxSimCorpusWriter:
         self,
         path: Union[str, os.PathLike[str]],
         *,
-        dtype: Union[_FloatTypeName, _MiniFloatType, None] = None,
+        dtype: Union[_FloatTypeName, _IntegerTypeName, _MiniFloatType, None] = None,
         threads: Union[int, None] = None,
         capabilities: Union[Capability, int, None] = None,
         progress: Any = None,
@@ -126,7 +129,7 @@ def get_include() -> str: ...
 def maxsim_pack(
     b: _BufferType,
     /,
-    dtype: Union[_FloatTypeName, _MiniFloatType, None] = None,
+    dtype: Union[_FloatTypeName, _IntegerTypeName, _MiniFloatType, None] = None,
     *,
     capabilities: Union[Capability, int, None] = ...,
     stream: Union[int, None] = ...,
@@ -143,7 +146,7 @@ def maxsim(
     queries: _BufferType,
     documents: _BufferType,
     /,
-    dtype: Union[_FloatTypeName, _MiniFloatType, None] = None,
+    dtype: Union[_FloatTypeName, _IntegerTypeName, _MiniFloatType, None] = None,
     *,
     capabilities: Union[Capability, int, None] = ...,
     stream: Union[int, None] = ...,
@@ -151,7 +154,7 @@ def maxsim(
 def maxsim_pack_corpus(
     documents: Union[Sequence[_BufferType], _BufferType],
     /,
-    dtype: Union[_FloatTypeName, _MiniFloatType, None] = None,
+    dtype: Union[_FloatTypeName, _IntegerTypeName, _MiniFloatType, None] = None,
     *,
     offsets: Union[Sequence[int], npt.NDArray[np.integer[Any]], None] = None,
     lengths: Union[Sequence[int], npt.NDArray[np.integer[Any]], None] = None,
