@@ -245,8 +245,9 @@ def main():
     import numkong as nk
 
     active = ",".join(c.name.lower() for c in nk.Capability if nk.get_capabilities() & c)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"numkong {nk.__version__} ({os.path.dirname(nk.__file__)}): active {active}; numpy {np.__version__}; "
-          f"{os.cpu_count()} CPUs")
+          f"{os.cpu_count()} CPUs, load average {load:.2f} at start")
     started = time.perf_counter()
     log(f"generating {args.documents} documents and {args.queries} queries")
     documents = clustered_documents(args.documents, args.seed)
@@ -254,7 +255,7 @@ def main():
     meta = {"numkong": nk.__version__, "capabilities": active, "documents": args.documents,
             "tokens": int(sum(len(d) for d in documents)), "queries": args.queries, "threads": args.threads,
             "repeats": args.repeats, "seed": args.seed, "depth": DEPTH, "centroids": CENTROIDS,
-            "query_rows": QUERY_ROWS, "quick": args.quick}
+            "query_rows": QUERY_ROWS, "quick": args.quick, "load_average": load}
     formats, corpora, reference_ids = format_cases(nk, documents, queries, sources, args.threads, args.repeats)
     stages = two_stage_cases(nk, corpora, queries, reference_ids, candidate_counts, args.threads, args.repeats)
     report(meta, formats, stages, args.markdown)

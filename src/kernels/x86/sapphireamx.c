@@ -387,13 +387,12 @@ static void nk_samx_dots_block_pair(nk_samx_group_t *group, nk_maxsim_view_t con
 
 /* ---- The driver's primitives. ---- */
 
-static void nk_samx_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first, uint64_t rows,
-                            nk_samx_group_t *group) {
+/* A group's query tiles (and the padded last document tile) for the screen sections of q and d. */
+static void nk_samx_prepare_tiles(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first, uint64_t rows,
+                                  nk_samx_group_t *group) {
     group->q = q, group->first = first, group->rows = rows;
     group->depth = nk_samx_depth_of(d->screen_depth);
     group->single_pass = group->depth.steps <= NK_SAMX_CHUNK_STEPS;
-    for (unsigned r = 0; r < NK_SAMX_ROWS; ++r)
-        group->bias[r] = r < rows && q->inv_norms[first + r] != 0.0 ? -128 * q->screen_sums[first + r] : 0;
     if (group->single_pass) {
         for (unsigned half = 0; 16 * half < rows; ++half)
             nk_samx_build_query_tiles(q, &group->depth, first + 16 * half, 0, group->depth.steps,
@@ -401,6 +400,13 @@ static void nk_samx_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d
         if (!group->depth.tiny && d->vectors % 16)
             nk_samx_copy_doc_tile(d, (d->vectors - 1) / 16, 0, 16 * group->depth.steps, group->last_tile);
     }
+}
+
+static void nk_samx_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first, uint64_t rows,
+                            nk_samx_group_t *group) {
+    for (unsigned r = 0; r < NK_SAMX_ROWS; ++r)
+        group->bias[r] = r < rows && q->inv_norms[first + r] != 0.0 ? -128 * q->screen_sums[first + r] : 0;
+    nk_samx_prepare_tiles(q, d, first, rows, group);
 }
 
 static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t rows, nk_maxsim_view_t const *d,
@@ -421,18 +427,81 @@ static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t
 #include "avx512_rescoring.h"
 #include "driver.h"
 
+/* ---- int8 with tiles. ----
+ * An int8 matrix's values are laid out as a screen section is (biased bytes in 16-row tiles of 4-byte
+ * words), so the screening's tile GEMM runs on them unchanged and gives dot + 128 x (sum of the query
+ * row's q); the epilogue removes that and takes the float64 maximum as integer_maxsim.h does. int4
+ * and uint1 have no tile instruction and use avx512_integer.h's VNNI and VPOPCNTDQ. */
 #include "avx512_integer.h"
 #include "integer_maxsim.h"
 
+/* 128 x the sum of q of query rows [first, first + rows) (at most 32): the stored bytes summed as
+ * unsigned by vpdpbusd against bytes of 1, less 128 per stored depth (padding stores q = 0). */
+static void nk_samx_int8_bias(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows, int32_t *bias) {
+    __m512i ones = _mm512_set1_epi8(1);
+    for (uint64_t half = 0; 16 * half < rows; ++half) {
+        uint64_t step, present = rows - 16 * half < 16 ? rows - 16 * half : 16;
+        uint8_t const *words = nk_integer_group_words(q, first + 16 * half, 0, &step);
+        __mmask16 lanes = nk_x512_tail_mask(present);
+        __m512i sums = _mm512_setzero_si512();
+        for (uint64_t w = 0; w < q->row_bytes / 4; ++w, words += step)
+            sums = _mm512_dpbusd_epi32(sums, _mm512_maskz_loadu_epi32(lanes, words), ones);
+        __m512i unbiased = _mm512_sub_epi32(sums, _mm512_set1_epi32((int)(128 * q->screen_depth)));
+        _mm512_mask_storeu_epi32(bias + 16 * half, lanes, _mm512_slli_epi32(unbiased, 7));
+    }
+}
+
+static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    _Alignas(64) float u[NK_SAMX_ROWS * NK_SAMX_BLOCK_DOCS]; /* the tile GEMM's int32 sums */
+    _Alignas(64) double inv_d[NK_SAMX_BLOCK_DOCS];
+    _Alignas(64) nk_samx_group_t group;
+    int32_t bias[NK_SAMX_ROWS];
+    /* The values as the screen sections the tile code reads. */
+    nk_maxsim_view_t qs = *q, ds = *d;
+    qs.screen = (uint8_t const *)q->values, ds.screen = (uint8_t const *)d->values;
+    double total = 0.0;
+    for (uint64_t first = 0; first < q->vectors; first += NK_SAMX_ROWS) {
+        uint64_t rows = q->vectors - first < NK_SAMX_ROWS ? q->vectors - first : NK_SAMX_ROWS;
+        double best[NK_SAMX_ROWS], inv_q[NK_SAMX_ROWS];
+        for (uint64_t r = 0; r < rows; ++r) best[r] = -2.0, inv_q[r] = nk_integer_inv_norm(q->norms2[first + r]);
+        nk_samx_int8_bias(&qs, first, rows, bias);
+        nk_samx_prepare_tiles(&qs, &ds, first, rows, &group);
+        for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_SAMX_BLOCK_DOCS) {
+            uint64_t docs = d->vectors - first_doc < NK_SAMX_BLOCK_DOCS ? d->vectors - first_doc : NK_SAMX_BLOCK_DOCS;
+            for (uint64_t j = 0; j < docs; ++j) inv_d[j] = nk_integer_inv_norm(d->norms2[first_doc + j]);
+            if (rows > 16 && group.single_pass && !group.depth.tiny) nk_samx_dots_block_pair(&group, &ds, first_doc, docs, u);
+            else
+                for (unsigned half = 0; 16 * half < rows; ++half) nk_samx_dots_block(&group, &ds, half, first_doc, docs, u);
+            for (uint64_t r = 0; r < rows; ++r) {
+                int32_t const *sums = (int32_t const *)(void const *)(u + r * NK_SAMX_BLOCK_DOCS);
+                __m512i unbias = _mm512_set1_epi32(bias[r]);
+                __m512d scale = _mm512_set1_pd(inv_q[r]), most = _mm512_set1_pd(-2.0);
+                for (uint64_t j = 0; j < docs; j += 8) {
+                    __mmask8 lanes = docs - j >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << (docs - j)) - 1u);
+                    __m256i dot = _mm256_sub_epi32(_mm256_maskz_loadu_epi32(lanes, sums + j), _mm512_castsi512_si256(unbias));
+                    __m512d cos = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(dot), scale),
+                                                _mm512_maskz_loadu_pd(lanes, inv_d + j));
+                    most = _mm512_mask_max_pd(most, lanes, most, cos);
+                }
+                double block_best = _mm512_reduce_max_pd(most);
+                if (block_best > best[r]) best[r] = block_best;
+            }
+        }
+        for (uint64_t r = 0; r < rows; ++r) total += nk_row_distance(inv_q[r], best[r]);
+        if (total > q->stop_above) return total;
+    }
+    return total;
+}
+
 double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    /* The integer formats use VNNI (avx512_integer.h), not tiles: no tile configuration to load. */
-    if (nk_dtype_is_integer((int)q->dtype)) return nk_integer_maxsim(q, d);
+    int integer = nk_dtype_is_integer((int)q->dtype);
+    if (integer && q->dtype != nk_dtype_int8_k) return nk_integer_maxsim(q, d);
     nk_samx_tile_config_t config;
     memset(&config, 0, sizeof(config));
     config.palette = 1;
     for (int t = 0; t < 8; ++t) config.bytes_per_row[t] = 64, config.rows[t] = 16;
     _tile_loadconfig(&config);
-    double total = nk_driver_maxsim(q, d);
+    double total = integer ? nk_samx_int8(q, d) : nk_driver_maxsim(q, d);
     _tile_release();
     return total;
 }
