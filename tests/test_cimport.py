@@ -44,7 +44,7 @@ def test_fields_match_python_attributes(consumer):
     assert consumer.fields(packed) == (5, 7, 4, packed.nbytes, True)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "e4m3"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "e4m3", "int8", "int4", "uint1"])
 def test_nogil_scoring_from_threads_matches_python(consumer, dtype):
     rng = np.random.default_rng(7)
     queries = nk.maxsim_pack(rng.standard_normal((32, 128)), dtype=dtype)
