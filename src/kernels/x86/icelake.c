@@ -21,14 +21,14 @@
  * broadcast. Documents stream as stored (v + 128, unsigned); the small query group is converted
  * once to signed (XOR 0x80) into a stack buffer of [group][row] words, so each step is one load
  * per document tile, one broadcast per query row and 8 x tiles multiply-accumulates. The bias
- * adds 128 * (sum of the query's screen bytes), removed with screen_sums afterwards. The epilogue
+ * adds 128 * (sum of the query's screen bytes); each sum starts at minus that. The epilogue
  * stores u = p + b e (driver.h) and keeps, per lane, the largest u tagged with its tile
  * (nk_x512_tag): the document the driver rescores first. */
 
 /* A query group's screening state. */
 typedef struct nk_ice_group {
     _Alignas(64) float top[NK_ICE_ROWS][16];      /* per lane, the block's largest u, tagged */
-    int32_t bias[NK_ICE_ROWS];                    /* 128 * screen_sums[q]: the unsigned-operand offset */
+    int32_t start[NK_ICE_ROWS];                   /* -128 * screen_sums[q]: cancels the unsigned offset */
     float growth[NK_ICE_ROWS];                    /* b = (1 + e_q) / s_q, from the driver */
     _Alignas(64) int32_t words[NK_ICE_CHUNK_GROUPS * NK_ICE_ROWS]; /* signed words, [group][row] */
     nk_maxsim_view_t const *q;
@@ -55,7 +55,7 @@ NK_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t groups,
 #pragma GCC unroll 4
         for (int t = 0; t < tiles; ++t)
             acc[r][t] = accumulate ? _mm512_load_si512(scores + (unsigned)r * NK_ICE_BLOCK_DOCS + 16u * (unsigned)t)
-                                   : _mm512_set1_epi32(-group->bias[r]); /* start at minus the query bias */
+                                   : _mm512_set1_epi32(group->start[r]);
     for (uint64_t g = 0; g < groups; ++g, doc += 64, partial += 4 * partial_rows, query_groups += NK_ICE_ROWS) {
         __m512i doc_bytes[NK_ICE_TILES];
 #pragma GCC unroll 4
@@ -129,8 +129,7 @@ static NK_NOINLINE void nk_ice_screen_partial(int32_t const *query_groups, uint6
     /* Four partial sums per vector, over alternating depth groups: one chain of dependent
      * multiply-accumulates would take their latency, not their throughput, per group. */
     __m512i part[2][4], acc[2];
-    __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                     _mm512_broadcast_i32x8(_mm256_loadu_si256((__m256i const *)group->bias)));
+    __m512i start = _mm512_broadcast_i32x8(_mm256_loadu_si256((__m256i const *)group->start));
     for (int v = 0; v < 2; ++v) {
         part[v][0] = accumulate ? _mm512_load_si512(scores + (unsigned)v * NK_ICE_BLOCK_DOCS) : start;
         part[v][1] = part[v][2] = part[v][3] = _mm512_setzero_si512();
@@ -243,7 +242,9 @@ static void nk_ice_screen_block(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
 static void nk_ice_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first, uint64_t rows,
                            nk_ice_group_t *group) {
     for (unsigned r = 0; r < NK_ICE_ROWS; ++r)
-        group->bias[r] = r < rows && q->inv_norms[first + r] != 0.0 ? 128 * q->screen_sums[first + r] : 0;
+        /* Unsigned: a buffer changed after validation may hold any sum; it must wrap, not overflow. */
+        group->start[r] =
+            r < rows && q->inv_norms[first + r] != 0.0 ? (int32_t)(0u - (uint32_t)q->screen_sums[first + r] * 128u) : 0;
     group->q = q, group->first = first;
     /* With one depth chunk the converted query group serves every document block. */
     group->words_ready = d->screen_depth / 4 <= NK_ICE_CHUNK_GROUPS;

@@ -405,7 +405,8 @@ static void nk_samx_prepare_tiles(nk_maxsim_view_t const *q, nk_maxsim_view_t co
 static void nk_samx_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first, uint64_t rows,
                             nk_samx_group_t *group) {
     for (unsigned r = 0; r < NK_SAMX_ROWS; ++r)
-        group->bias[r] = r < rows && q->inv_norms[first + r] != 0.0 ? -128 * q->screen_sums[first + r] : 0;
+        group->bias[r] = /* unsigned: wraps, never overflows, whatever the buffer holds */
+            r < rows && q->inv_norms[first + r] != 0.0 ? (int32_t)(0u - (uint32_t)q->screen_sums[first + r] * 128u) : 0;
     nk_samx_prepare_tiles(q, d, first, rows, group);
 }
 
