@@ -58,6 +58,16 @@ static void *pack(double const *x, uint64_t rows, uint64_t depth, int dtype) {
     return buf;
 }
 
+/* Fills the stack below the caller with junk (alternating patterns), so that a family that reads
+ * scratch it never wrote (a dropped tail) does not find the previous family's correct values in the
+ * same stack slots. 64 KB: deeper than any kernel's scratch. */
+static NK_NOINLINE void scrub_stack(void) {
+    static uint64_t calls;
+    volatile uint64_t junk[8192];
+    uint64_t pattern = ++calls % 2 ? 0x7F7F7F7F7F7F7F7Full : 0x8080808080808080ull;
+    for (size_t i = 0; i < sizeof junk / sizeof junk[0]; ++i) junk[i] = pattern;
+}
+
 /* `check_kernels quick`: fewer, smaller cases that still cross every tail and blocking boundary
  * (for slow emulated runs: tests/c/run_arm.sh at SVE vector lengths above 128 bits). */
 int main(int argc, char **argv) {
@@ -72,16 +82,18 @@ int main(int argc, char **argv) {
     static char const *family_names[] = {"haswell", "skylake", "icelake", "sapphireamx", "neon", "sve"};
     uint64_t available = nk_capabilities_available();
     /* Every depth x shape, plus cases that cross the kernels' internal blocking: many documents,
-     * many query rows, depths that chunk the screening, and one depth beyond int8 screening. */
+     * many query rows, depths that chunk the screening, and one depth beyond int8 screening.
+     * 8200 chunks every integer format's depth (uint1 too: 257 words) with a short last chunk;
+     * 260 query rows cross integer_maxsim.h's query chunk of 256. */
     static uint64_t const extra[][3] = {{64, 3, 1100}, {64, 70, 600}, {129, 130, 33}, {4100, 3, 40}, {65536, 2, 17}, {65537, 2, 5},
                                          {64, 1, 2000}, {33, 16, 23}, {33, 16, 40}, {1, 28, 28}, {1, 31, 33},
                                          {64, 33, 1100}, {128, 17, 513}, {1100, 9, 20}, {2049, 3, 34},
-                                         {4100, 2, 17}, {4111, 3, 5}};
+                                         {4100, 2, 17}, {4111, 3, 5}, {8200, 2, 5}, {9, 260, 21}};
     /* Quick mode: odd and round depths, partial tiles, and extras that cross document blocks,
-     * query groups and depth chunks. */
+     * query groups and depth chunks (8200: of every integer format). */
     static uint64_t const quick_depths[] = {1, 3, 16, 17, 31, 129};
     static uint64_t const quick_shapes[][2] = {{5, 3}, {7, 33}, {19, 70}};
-    static uint64_t const quick_extra[][3] = {{64, 3, 1100}, {20, 19, 40}, {1100, 2, 9}, {4100, 2, 5}};
+    static uint64_t const quick_extra[][3] = {{64, 3, 1100}, {20, 19, 40}, {1100, 2, 9}, {4100, 2, 5}, {8200, 2, 5}};
     uint64_t const *depth_list = quick ? quick_depths : depths;
     uint64_t const(*shape_list)[2] = quick ? quick_shapes : shapes;
     uint64_t const(*extra_list)[3] = quick ? quick_extra : extra;
@@ -122,6 +134,7 @@ int main(int argc, char **argv) {
                         nk_maxsim_info(q, &qm.info), nk_maxsim_info(d, &dm.info);
                         nk_maxsim_view_init(&qm, &qv), nk_maxsim_view_init(&dm, &dv);
                         if (depth == 0 || depth > NK_SCREEN_MAX_DEPTH || nq == 0) continue;
+                        scrub_stack();
                         got = nk_maxsim_sapphireamx_emulated(&qv, &dv);
 #else
                         continue;
@@ -129,6 +142,7 @@ int main(int argc, char **argv) {
                     }
                     else {
                         if (!(available & families[f])) continue;
+                        scrub_stack();
                         nk_maxsim_score(q, d, families[f], &got);
                     }
                     ++checks;
