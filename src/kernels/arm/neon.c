@@ -3,6 +3,7 @@
  * Only the screening micro-kernel is NEON's own: UDOT by lane on the stored (biased, unsigned) bytes of
  * both operands, nothing converted in the inner loop. The query group, the epilogue (bias removal,
  * u and tagged tops), the scan and the exact dot batch are neon_shared.h's, shared with sve.c.
+ * The integer formats (int8, int4, uint1) are neon_integer.h's SDOT and CNT kernels.
  * Groups of 8 query rows, blocks of 512 documents (neon_shared.h says why).
  *
  * Stack, fixed: u 16 KB, the query group 8 KB, the driver's candidate lists 8 KB; GCC 12 -fstack-usage
@@ -108,6 +109,7 @@ static void nk_neon_screen(nk_arm_group_t *group, float const *growth, uint64_t 
 #define nk_family_screen nk_neon_screen
 #include "driver.h"
 
+#include "neon_integer.h"
 #include "integer_maxsim.h"
 
 double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
