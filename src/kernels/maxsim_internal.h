@@ -242,15 +242,13 @@ static inline float nk_f32_from_bits(uint32_t bits) {
     return f;
 }
 
+/* Without branches, so that loops of it vectorize. */
 static inline float nk_half_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
-    if (exponent == 0) {
-        /* subnormal or zero: mantissa * 2^-24, exact in float32 */
-        float magnitude = (float)mantissa * 5.9604644775390625e-08f;
-        return sign ? -magnitude : magnitude;
-    }
-    if (exponent == 31) return nk_f32_from_bits(sign | 0x7F800000u | (mantissa << 13));
-    return nk_f32_from_bits(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu, subnormal;
+    float magnitude = (float)mantissa * 5.9604644775390625e-08f; /* subnormal or zero: mantissa * 2^-24, exact */
+    memcpy(&subnormal, &magnitude, 4);
+    uint32_t normal = (exponent == 31 ? 0x7F800000u : (exponent + 112u) << 23) | (mantissa << 13);
+    return nk_f32_from_bits(sign | (exponent == 0 ? subnormal : normal));
 }
 
 static inline uint16_t nk_e4m3_to_half_bits(uint8_t b) { return (uint16_t)(((b & 0x80u) << 8) | ((b & 0x7Fu) << 7)); }

@@ -162,35 +162,48 @@ static nk_format_t nk_format_of(int dtype) {
     }
 }
 
-/* Encode a finite value with |value| <= max_finite; returns sign-magnitude bits, sign at bit 1+e+m. */
-static uint32_t nk_encode_minifloat(double value, nk_format_t f) {
-    uint32_t sign = signbit(value) ? 1u << (f.exponent_bits + f.mantissa_bits) : 0u;
-    double magnitude = fabs(value);
-    if (magnitude == 0.0) return sign;
-    uint64_t bits;
-    memcpy(&bits, &magnitude, 8);
-    int64_t unbiased64 = (int64_t)(bits >> 52) - 1023;
-    if (unbiased64 >= 1 - f.bias) {
-        /* Normal result: round the 52-bit mantissa to nearest even in integer arithmetic; a carry
-         * moves into the exponent by itself. */
+/* Encode a finite value with |value| <= max_finite, given as its float64 bits: round-to-nearest-even in
+ * integer arithmetic (no libm, one branch); returns sign-magnitude bits, sign at bit 1+e+m. */
+static inline uint32_t nk_encode_minifloat(uint64_t bits, nk_format_t f) {
+    uint32_t sign = (uint32_t)(bits >> 63) << (f.exponent_bits + f.mantissa_bits);
+    uint64_t magnitude = bits & ~((uint64_t)1 << 63), biased = magnitude >> 52;
+    if (biased >= (uint64_t)(1024 - f.bias)) {
+        /* Normal result: round the 52-bit mantissa to nearest even; a carry moves into the exponent
+         * by itself. */
         int drop = 52 - f.mantissa_bits;
-        uint64_t rounded = (bits + (((uint64_t)1 << (drop - 1)) - 1) + ((bits >> drop) & 1)) >> drop;
+        uint64_t rounded = (magnitude + (((uint64_t)1 << (drop - 1)) - 1) + ((magnitude >> drop) & 1)) >> drop;
         return sign | (uint32_t)(rounded - ((uint64_t)(1023 - f.bias) << f.mantissa_bits));
     }
-    int exponent;
-    frexp(magnitude, &exponent); /* magnitude in [2^(exponent-1), 2^exponent) */
-    int unbiased = exponent - 1, min_normal = 1 - f.bias;
-    if (unbiased < min_normal) unbiased = min_normal; /* subnormal: fixed quantum */
-    double quantum = ldexp(1.0, unbiased - f.mantissa_bits);
-    double steps = nearbyint(magnitude / quantum); /* exact division by a power of two; RNE */
-    double implicit = ldexp(1.0, f.mantissa_bits);
-    if (steps >= 2.0 * implicit) { /* rounded up into the next binade */
-        steps *= 0.5;
-        unbiased += 1;
-    }
-    uint32_t biased = steps >= implicit ? (uint32_t)(unbiased + f.bias) : 0u;
-    uint32_t mantissa = (uint32_t)(steps >= implicit ? steps - implicit : steps);
-    return sign | (biased << f.mantissa_bits) | mantissa;
+    /* Subnormal result (or zero): the count of the smallest subnormal 2^(1-bias-m) in the value,
+     * rounded to even; 2^m counts is the smallest normal code by itself. */
+    uint64_t significand = (magnitude & (((uint64_t)1 << 52) - 1)) | (biased ? (uint64_t)1 << 52 : 0);
+    int shift = 1076 - f.bias - f.mantissa_bits - (biased ? (int)biased : 1); /* >= 53 - m >= 1 */
+    if (shift > 62) return sign; /* the significand is below 2^53, half a count */
+    uint64_t counts = (significand + (((uint64_t)1 << (shift - 1)) - 1) + ((significand >> shift) & 1)) >> shift;
+    return sign | (uint32_t)counts;
+}
+
+/* The same rounding from a float32 value (finite, |y| <= the format's max_finite), without branches so
+ * that loops of it vectorize. Only for values whose float64 -> float32 conversion was exact or lands
+ * below the format's smallest subnormal's half (both: the same code as nk_encode_minifloat). */
+static inline uint16_t nk_bf16_from_f32(float y) {
+    uint32_t bits;
+    memcpy(&bits, &y, 4);
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16); /* float32's subnormals align too */
+}
+
+static inline uint16_t nk_f16_from_f32(float y) {
+    uint32_t bits, sign, magnitude, aligned_bits;
+    memcpy(&bits, &y, 4);
+    sign = (bits >> 16) & 0x8000u, magnitude = bits & 0x7FFFFFFFu;
+    /* Normal half: drop 13 mantissa bits to nearest even and rebias (a carry moves into the exponent). */
+    uint32_t normal = (magnitude + 0xFFFu + ((magnitude >> 13) & 1u) - ((uint32_t)(127 - 15) << 23)) >> 13;
+    /* Below 2^-14: adding 0.5 makes float32 itself round |y| to a multiple of 2^-24 (its ulp there), to
+     * nearest even; the count lands in the low bits, 1024 being the smallest normal half. */
+    float aligned = fabsf(y) + 0.5f;
+    memcpy(&aligned_bits, &aligned, 4);
+    uint32_t below = 0u - (uint32_t)(magnitude < 0x38800000u); /* a mask: the compiler vectorizes it */
+    return (uint16_t)(sign | ((aligned_bits - 0x3F000000u) & below) | (normal & ~below));
 }
 
 /* Largest magnitudes whose products and norms stay safe in float64 accumulation. */
@@ -282,17 +295,25 @@ static void nk_quantize_row(int dtype, void const *values, uint64_t depth, doubl
     double multipliers[2] = {steps[0] > 0.0f ? 1.0 / (double)steps[0] : 0.0,
                              steps[1] > 0.0f ? 1.0 / (double)steps[1] : 0.0};
     int count_steps = steps[1] > 0.0f ? 2 : 1;
+    int8_t dropped[NK_SPAN];
+    double residuals[NK_SPAN];
     for (uint64_t start = 0; start < depth; start += NK_SPAN) {
         uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN, padded = (count + 3) / 4 * 4;
         nk_row_span(dtype, values, depth, start, padded, span);
         for (int s = 0; s < count_steps; ++s) {
-            double multiplier = multipliers[s], step = (double)steps[s];
+            /* Two flat loops that the compiler vectorizes: the codes and squared residuals, then their
+             * sums in the 4 lanes, in the same order. */
+            double multiplier = multipliers[s], step = (double)steps[s], lanes[4];
+            int8_t *kept = start ? dropped : codes[s];
+            for (uint64_t i = 0; i < padded; ++i) {
+                double u = span->values[i] * inv_norm, q = nk_quantize(u, multiplier), residual = u - q * step;
+                residuals[i] = residual * residual;
+                kept[i] = (int8_t)q;
+            }
+            memcpy(lanes, errors[s], sizeof(lanes));
             for (uint64_t i = 0; i < padded; i += 4)
-                for (int j = 0; j < 4; ++j) {
-                    double u = span->values[i + j] * inv_norm, q = nk_quantize(u, multiplier), residual = u - q * step;
-                    errors[s][j] += residual * residual;
-                    if (!start) codes[s][i + j] = (int8_t)q;
-                }
+                for (int j = 0; j < 4; ++j) lanes[j] += residuals[i + j];
+            memcpy(errors[s], lanes, sizeof(lanes));
         }
     }
     for (int s = 0; s < 2; ++s) squares[s] = (errors[s][0] + errors[s][1]) + (errors[s][2] + errors[s][3]);
@@ -307,7 +328,7 @@ static int nk_put(void *target, void const *value, size_t bytes, int verify) {
 
 /* ---- Integer formats: tiled values, exact integer norms. ---- */
 
-static int nk_row_absmax(int dtype, void const *row, uint64_t depth, double *absmax);
+static int nk_row_absmax(int dtype, void const *row, uint64_t depth, double *absmax, double span[NK_SPAN]);
 
 static uint64_t nk_integer_row_bytes(nk_maxsim_header_t const *h) { return h->screen_depth / nk_integer_word_depths((int)h->dtype) * 4; }
 
@@ -347,7 +368,8 @@ static nk_status_t nk_pack_integer_row(nk_maxsim_header_t const *h, char *base, 
     else {
         double const *x = (double const *)source;
         double absmax;
-        if (!nk_row_absmax(nk_dtype_float64_k, x, h->depth, &absmax)) return nk_error_nonfinite_k;
+        double span[NK_SPAN];
+        if (!nk_row_absmax(nk_dtype_float64_k, x, h->depth, &absmax, span)) return nk_error_nonfinite_k;
         double limit = dtype == nk_dtype_int8_k ? 127.0 : 7.0, factor = 1.0, multiplier = 0.0;
         if (dtype != nk_dtype_uint1_k && absmax > 0.0) {
             /* A scale outside float32's normal range: the row is first scaled by a power of two
@@ -439,17 +461,18 @@ static int nk_derive_row(nk_maxsim_header_t const *h, char *base, uint64_t row, 
      * dependency chain; the order is fixed, so packing and verification agree bit for bit. */
     nk_span_t span;
     span.holds_row = 0;
-    double squares[4] = {0.0, 0.0, 0.0, 0.0}, absmax = 0.0;
+    double squares[4] = {0.0, 0.0, 0.0, 0.0}, largest[4] = {0.0, 0.0, 0.0, 0.0};
     for (uint64_t start = 0; start < h->depth; start += NK_SPAN) {
         uint64_t count = h->depth - start < NK_SPAN ? h->depth - start : NK_SPAN;
         nk_row_span(dtype, values, h->depth, start, (count + 3) / 4 * 4, &span);
-        for (uint64_t i = 0; i < count; i += 4)
-            for (int j = 0; j < 4; ++j) {
-                double x = span.values[i + j];
-                squares[j] += x * x;
-                absmax = fabs(x) > absmax ? fabs(x) : absmax;
-            }
+        for (uint64_t i = 0; i < count; i += 4) /* apart, so that the compiler vectorizes the sums */
+            for (int j = 0; j < 4; ++j) squares[j] += span.values[i + j] * span.values[i + j];
+        for (uint64_t i = 0; i < count; i += 4) /* in lanes too (stored values are finite: exact) */
+            for (int j = 0; j < 4; ++j) largest[j] = fabs(span.values[i + j]) > largest[j] ? fabs(span.values[i + j]) : largest[j];
     }
+    double absmax = largest[0] > largest[1] ? largest[0] : largest[1];
+    absmax = largest[2] > absmax ? largest[2] : absmax;
+    absmax = largest[3] > absmax ? largest[3] : absmax;
     double sum_squares = (squares[0] + squares[1]) + (squares[2] + squares[3]);
     double inv_norm = sum_squares > 0.0 ? 1.0 / sqrt(sum_squares) : 0.0;
     int same = nk_put(base + h->inv_norms_offset + row * sizeof(double), &inv_norm, sizeof(double), verify);
@@ -511,11 +534,12 @@ static int nk_derive_all(nk_maxsim_header_t const *h, char *base, int verify) {
 
 /* Largest magnitude of a row into *absmax; 0 if an element is not a finite value of its format
  * (NaN/inf, or the bit patterns the decoder would misread: the e4m3 NaN encoding and the unused
- * top bits of fp6 bytes). */
-static int nk_row_absmax(int dtype, void const *row, uint64_t depth, double *absmax) {
+ * top bits of fp6 bytes). Decodes span by span into `span`: a row of at most NK_SPAN elements is
+ * left there whole. */
+static int nk_row_absmax(int dtype, void const *row, uint64_t depth, double *absmax, double span[NK_SPAN]) {
     uint8_t const *bytes = (uint8_t const *)row;
     uint8_t forbidden_mask = dtype == nk_dtype_e4m3_k ? 0x7Fu : (dtype == nk_dtype_e2m3_k || dtype == nk_dtype_e3m2_k) ? 0xC0u : 0;
-    double span[NK_SPAN], largest = 0.0;
+    double lanes[4] = {0.0, 0.0, 0.0, 0.0};
     for (uint64_t start = 0; start < depth; start += NK_SPAN) {
         uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN;
         if (forbidden_mask == 0x7Fu) {
@@ -527,20 +551,32 @@ static int nk_row_absmax(int dtype, void const *row, uint64_t depth, double *abs
                 if (bytes[start + i] & forbidden_mask) return 0;
         }
         nk_decode_span(dtype, row, start, count, span);
-        for (uint64_t i = 0; i < count; ++i) {
+        /* Branch-free (it vectorizes): a NaN fails x <= DBL_MAX, infinity exceeds it. */
+        int finite = 1;
+        uint64_t i = 0;
+        for (; i + 4 <= count; i += 4)
+            for (int j = 0; j < 4; ++j) {
+                double x = fabs(span[i + j]);
+                finite &= x <= DBL_MAX;
+                lanes[j] = x > lanes[j] ? x : lanes[j];
+            }
+        for (; i < count; ++i) {
             double x = fabs(span[i]);
-            if (!(x <= DBL_MAX)) return 0; /* NaN compares false, infinity exceeds DBL_MAX */
-            if (x > largest) largest = x;
+            finite &= x <= DBL_MAX;
+            lanes[0] = x > lanes[0] ? x : lanes[0];
         }
+        if (!finite) return 0;
     }
-    *absmax = largest;
+    double largest = lanes[0] > lanes[1] ? lanes[0] : lanes[1];
+    largest = lanes[2] > largest ? lanes[2] : largest;
+    *absmax = lanes[3] > largest ? lanes[3] : largest;
     return 1;
 }
 
 static int nk_row_is_valid(int dtype, void const *row, uint64_t depth) {
-    double absmax;
+    double absmax, span[NK_SPAN];
     /* float64 rows were brought into the safe range by the packer. */
-    return nk_row_absmax(dtype, row, depth, &absmax) && nk_row_scale_exponent(dtype, 0, absmax) == 0;
+    return nk_row_absmax(dtype, row, depth, &absmax, span) && nk_row_scale_exponent(dtype, 0, absmax) == 0;
 }
 
 /* A code that no valid row holds (infinity, the e4m3 NaN, fp6 bytes with the unused bits set): what
@@ -556,27 +592,106 @@ static uint32_t nk_invalid_code(int dtype) {
     }
 }
 
-/* Round float64 `values` times 2^shift into elements [start, start + count) of a row of `dtype`. */
-static void nk_store_span(int dtype, void *row, uint64_t start, uint64_t count, double const *values, int shift) {
-    /* A power of two as a double covers |shift| <= 1000; beyond, ldexp avoids overflowing it. */
-    int multiply = shift >= -1000 && shift <= 1000;
-    double factor = multiply ? ldexp(1.0, shift) : 1.0;
-    nk_format_t f = nk_format_of(dtype);
+/* Whether |values[i] * factor| <= limit for every i (false for a NaN). The flag is a double: the
+ * vectorizer handles that beside doubles. */
+static int nk_span_fits(double const *restrict values, double factor, uint64_t count, double limit) {
+    double over = 0.0;
     for (uint64_t i = 0; i < count; ++i) {
-        double x = multiply ? values[i] * factor : ldexp(values[i], shift);
-        uint64_t k = start + i;
-        switch (dtype) {
-        case nk_dtype_float64_k: ((double *)row)[k] = x; break;
-        case nk_dtype_float32_k: ((float *)row)[k] = (float)x; break; /* C conversion rounds to nearest even */
-        case nk_dtype_float16_k:
-        case nk_dtype_bfloat16_k:
-            ((uint16_t *)row)[k] = (uint16_t)(fabs(x) <= f.max_finite ? nk_encode_minifloat(x, f) : nk_invalid_code(dtype));
-            break;
-        default:
-            ((uint8_t *)row)[k] = (uint8_t)(fabs(x) <= f.max_finite ? nk_encode_minifloat(x, f) : nk_invalid_code(dtype));
-            break;
-        }
+        double x = fabs(values[i] * factor);
+        over = x <= limit ? over : 1.0;
     }
+    return over == 0.0;
+}
+
+static inline uint64_t nk_f64_bits(double x) {
+    uint64_t bits;
+    memcpy(&bits, &x, 8);
+    return bits;
+}
+
+/* Round float64 `values` times 2^shift into elements [start, start + count) of a row of `dtype` (the
+ * dtype switch outside the loops). `narrow`: the values have at most 24 significant bits (float32,
+ * float16 or bfloat16 sources). Returns 0 if a stored value is one no valid row holds (non-finite,
+ * beyond the format's range: stored as such so that nothing scores it), else 1; float64 also reports
+ * the largest stored magnitude into *largest for the range check of the row. */
+static int nk_store_span(int dtype, void *row, uint64_t start, uint64_t count, double const *values, int shift,
+                         int narrow, double *largest) {
+    /* A power of two as a double covers |shift| <= 1000; beyond, ldexp avoids overflowing it (apart,
+     * so that the loops below stay branch-free and vectorize). */
+    int finite = 1;
+    double factor = 1.0, scaled[NK_SPAN];
+    if (shift >= -1000 && shift <= 1000) factor = ldexp(1.0, shift);
+    else {
+        for (uint64_t i = 0; i < count; ++i) scaled[i] = ldexp(values[i], shift);
+        values = scaled;
+    }
+    nk_format_t f = nk_format_of(dtype);
+    uint32_t invalid = nk_invalid_code(dtype);
+#define NK_SCALED(i) (values[i] * factor)
+/* Encode every element, then (apart, so that both loops vectorize) check that each fit the format; a
+ * value that did not (only from a source changing meanwhile) is stored as the invalid code. */
+#define NK_STORE_CODES(type, code)                                                                                    \
+    do {                                                                                                               \
+        for (uint64_t i = 0; i < count; ++i) {                                                                         \
+            double x = NK_SCALED(i);                                                                                   \
+            ((type *)row)[start + i] = (type)(code);                                                                   \
+        }                                                                                                              \
+        finite = nk_span_fits(values, factor, count, f.max_finite);                                                    \
+        for (uint64_t i = 0; i < count && !finite; ++i)                                                                \
+            if (!(fabs(NK_SCALED(i)) <= f.max_finite)) ((type *)row)[start + i] = (type)invalid;                       \
+    } while (0)
+    switch (dtype) {
+    case nk_dtype_float64_k: {
+        double *out = (double *)row + start, top = *largest;
+        for (uint64_t i = 0; i < count; ++i) {
+            double x = NK_SCALED(i);
+            out[i] = x;
+            top = fabs(x) > top || x != x ? fabs(x) : top; /* a NaN stays */
+        }
+        *largest = top;
+        break;
+    }
+    case nk_dtype_float32_k: {
+        float *out = (float *)row + start;
+        for (uint64_t i = 0; i < count; ++i) {
+            out[i] = (float)NK_SCALED(i); /* C conversion rounds to nearest even */
+            finite &= fabsf(out[i]) <= FLT_MAX;
+        }
+        break;
+    }
+    case nk_dtype_float16_k:
+        /* x of at most 24 bits converts to float32 exactly, or (below 2^-126) to a float32 that rounds
+         * to the same zero: the branch-free float32 encoder applies. */
+        if (narrow) NK_STORE_CODES(uint16_t, nk_f16_from_f32((float)x));
+        else NK_STORE_CODES(uint16_t, nk_encode_minifloat(nk_f64_bits(x), f));
+        break;
+    case nk_dtype_bfloat16_k:
+        /* Unscaled, x is the float32 value itself (bfloat16 has float32's subnormals: exactness matters). */
+        if (narrow && shift == 0) NK_STORE_CODES(uint16_t, nk_bf16_from_f32((float)x));
+        else NK_STORE_CODES(uint16_t, nk_encode_minifloat(nk_f64_bits(x), f));
+        break;
+    default: NK_STORE_CODES(uint8_t, nk_encode_minifloat(nk_f64_bits(x), f)); break;
+    }
+#undef NK_STORE_CODES
+#undef NK_SCALED
+    return finite;
+}
+
+/* Zero the bytes of a float format's buffer that no row writes: the header's tail, the alignment gaps
+ * between sections and after the last. */
+static void nk_zero_gaps(nk_maxsim_header_t const *h, char *base) {
+    uint64_t n = h->vectors, row_bytes = h->depth * nk_dtype_itemsize((int)h->dtype), cursor = sizeof(*h);
+    uint64_t const sections[6][2] = {{h->values_offset, n * row_bytes},
+                                     {h->inv_norms_offset, n * sizeof(double)},
+                                     {h->screen_offset, n * h->screen_depth},
+                                     {h->screen_scales_offset, n * sizeof(float)},
+                                     {h->screen_errors_offset, n * sizeof(float)},
+                                     {h->screen_sums_offset, n * sizeof(int32_t)}};
+    for (int i = 0; i < 6; ++i) { /* sizes checked by nk_maxsim_layout */
+        memset(base + cursor, 0, (size_t)(sections[i][0] - cursor));
+        cursor = sections[i][0] + sections[i][1];
+    }
+    memset(base + cursor, 0, (size_t)(h->nbytes - cursor));
 }
 
 nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride, uint64_t vectors, uint64_t depth,
@@ -584,13 +699,19 @@ nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride
     nk_maxsim_header_t h;
     nk_status_t status = nk_maxsim_layout(vectors, depth, dtype, &h);
     if (status != nk_ok_k) return status;
-    if (source_dtype != dtype && source_dtype != nk_dtype_float64_k) return nk_error_argument_k;
+    /* Float formats also take float32, float16 and bfloat16 rows: each decodes exactly to float64. */
+    int wide_source = source_dtype >= nk_dtype_float64_k && source_dtype <= nk_dtype_bfloat16_k;
+    if (source_dtype != dtype && source_dtype != nk_dtype_float64_k && !(wide_source && !nk_dtype_is_integer(dtype)))
+        return nk_error_argument_k;
     if (!out || (((uintptr_t)out) % NK_SECTION_ALIGN) != 0 || (!src && vectors && depth)) return nk_error_argument_k;
     if (out_nbytes < h.nbytes) return nk_error_buffer_small_k;
     h.capabilities = capabilities;
 
     char *base = (char *)out;
-    memset(base, 0, h.nbytes); /* padding bytes are deterministic */
+    /* Padding bytes are deterministic: zeros. Float formats write every byte of their sections, so
+     * only the gaps are cleared (the output is often fresh memory, faulted in by the first write). */
+    if (nk_dtype_is_integer(dtype)) memset(base, 0, h.nbytes);
+    else nk_zero_gaps(&h, base);
     memcpy(base, &h, sizeof(h));
     if (nk_dtype_is_integer(dtype)) {
         if (source_dtype != nk_dtype_float64_k && !(source_dtype == nk_dtype_int8_k && dtype == nk_dtype_int8_k))
@@ -616,24 +737,27 @@ nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride
          * that changes meanwhile cannot make the scale and the stored values disagree. */
         if (!casting) memcpy(target_row, source_row, depth * itemsize);
         void const *row_values = casting ? source_row : target_row;
-        if (!nk_row_absmax(source_dtype, row_values, depth, &absmax)) {
+        if (!nk_row_absmax(source_dtype, row_values, depth, &absmax, span)) {
             if (bad_row) *bad_row = row;
             return nk_error_nonfinite_k;
         }
-        int shift = nk_row_scale_exponent(dtype, casting, absmax);
+        int shift = nk_row_scale_exponent(dtype, casting, absmax), valid = 1;
+        double largest = 0.0;
         for (uint64_t start = 0; start < depth && (casting || shift); start += NK_SPAN) {
             uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN;
-            nk_decode_span(source_dtype, row_values, start, count, span);
-            nk_store_span(dtype, target_row, start, count, span, shift);
+            if (depth > NK_SPAN) nk_decode_span(source_dtype, row_values, start, count, span); /* else still there */
+            valid &= nk_store_span(dtype, target_row, start, count, span, shift, source_dtype != nk_dtype_float64_k,
+                                   &largest);
         }
-        /* What is stored is what scoring reads: a cast source that changed between its two reads
-         * could have overflowed the format (stored as a non-finite code), so check the row as stored. */
-        if (casting && !nk_row_is_valid(dtype, target_row, depth)) {
+        /* What is stored is what scoring reads: a cast source that changed while it was read could
+         * have overflowed the format (stored as a non-finite code), so check the row as stored (as
+         * nk_row_is_valid would, from the values the stores saw). */
+        if (casting && !(valid && largest <= DBL_MAX && nk_row_scale_exponent(dtype, 0, largest) == 0)) {
             if (bad_row) *bad_row = row;
             return nk_error_nonfinite_k;
         }
+        nk_derive_row(&h, base, row, 0); /* while the row is in cache */
     }
-    nk_derive_all(&h, base, 0);
     return nk_ok_k;
 }
 

@@ -397,12 +397,21 @@ def _check_depth(name, depth):
                          f"uint32); depth {depth:,} needs dtype='uint1' or a float format")
 
 
+# Sources the C packer casts to a float format in place: each decodes exactly to float64.
+_WIDE_SOURCES = {np.dtype(np.float64): "float64", np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
+                 np.dtype(ml_dtypes.bfloat16): "bfloat16"}
+
+
 def _packing_source(arr, name):
     """(rows the C packer reads, their nk_dtype_t code): rows already in the packing format (int8 for
-    int8) in place, anything else through float64, which holds every input exactly (integers beyond
-    2**53 round once); the packer then rounds. uint1 from bool: True is +1, False -1."""
-    if name in _NUMPY_DTYPES and arr.dtype == _NUMPY_DTYPES[name] and arr.flags.aligned:
-        return arr, _DTYPE_CODES[name]
+    int8) in place, float32 / float16 / bfloat16 rows for a float format in place (no copy, no GIL: the
+    packer decodes them exactly), anything else through float64, which holds every input exactly
+    (integers beyond 2**53 round once); the packer then rounds. uint1 from bool: True is +1, False -1."""
+    if arr.flags.aligned:
+        if name in _NUMPY_DTYPES and arr.dtype == _NUMPY_DTYPES[name]:
+            return arr, _DTYPE_CODES[name]
+        if arr.dtype in _WIDE_SOURCES and name not in _INTEGER_NAMES:
+            return arr, _DTYPE_CODES[_WIDE_SOURCES[arr.dtype]]
     if name == "uint1" and arr.dtype == np.bool_:
         return np.where(arr, 1.0, -1.0), nk_dtype_float64_k
     return arr.astype(np.float64), nk_dtype_float64_k

@@ -113,7 +113,8 @@ nk_status_t nk_maxsim_pack_size(uint64_t vectors, uint64_t depth, int dtype, uin
 /* Pack `vectors` rows of `depth` elements into `out` (64-byte aligned, out_nbytes >= pack size).
  * `src` holds rows of `source_dtype`, which is either `dtype` itself (stored bit-exact, unless
  * the row is outside the kernels' safe range) or nk_dtype_float64_k (cast with round-to-nearest-
- * even after scaling each row by a power of two). Integer formats: int8 rows (source int8) are
+ * even after scaling each row by a power of two); the float formats also cast float32, float16 and
+ * bfloat16 rows, to the same bytes as their exact float64 copy. Integer formats: int8 rows (source int8) are
  * stored bit-exact with scale 1 (-128 is nk_error_range_k); float64 rows are scaled per row so that
  * the largest magnitude maps to 127 (int8) or 7 (int4) and rounded to nearest even; uint1 keeps the
  * sign (zero counts as +1). Rows are `row_stride` bytes apart (any sign).
@@ -219,7 +220,7 @@ nk_status_t nk_corpus_plan(uint64_t const *lengths, uint64_t count, uint64_t dep
 typedef struct nk_pack_source {
     void const *rows;
     int64_t row_stride;
-    int dtype; /* the packing dtype itself, or nk_dtype_float64_k */
+    int dtype; /* as nk_maxsim_pack() takes it */
 } nk_pack_source_t;
 
 /* Pack documents with entries[0 .. count) (from nk_corpus_plan) from sources[0 .. count) into `out`,
