@@ -80,7 +80,8 @@ int LLVMFuzzerTestOneInput(uint8_t const *data, size_t size) {
     }
     else if (size >= 3) {
         /* Pack rows of any source format from the raw bytes, then score the result. */
-        int dtype = 1 + data[0] % 8, source = data[1] % 2 ? dtype : nk_dtype_float64_k;
+        /* The packing format itself, or one the packer casts: float64, float32, float16, bfloat16. */
+        int dtype = 1 + data[0] % 8, source = data[1] % 2 ? dtype : 1 + (data[1] / 2) % 4;
         uint64_t depth = 1 + data[2] % 40, itemsize = nk_dtype_itemsize(source);
         uint64_t rows = (size - 3) / (depth * itemsize);
         uint64_t nbytes, bad;
