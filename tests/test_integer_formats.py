@@ -143,6 +143,11 @@ def test_rows_far_outside_float32_range_are_scaled_first(name):
     tiny, huge = base * 1e-300, base * 1e300
     for x in (tiny, huge):
         assert nk.maxsim(x, base, name) == nk.maxsim(base, base, name)
+    # Subnormal float64 rows (2^-exponent overflowed a double here once, storing garbage codes):
+    # integers times 2^-k are exact down to 2^-1074, so the scaled rows hold the same values.
+    whole = rng.integers(-1000, 1001, (3, 40)).astype(np.float64)
+    for k in (1032, 1040, 1064):
+        assert nk.maxsim(np.ldexp(whole, -k), whole, name) == nk.maxsim(whole, whole, name), k
 
 
 @pytest.mark.parametrize("name", INTEGER)

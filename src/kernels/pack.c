@@ -370,17 +370,19 @@ static nk_status_t nk_pack_integer_row(nk_maxsim_header_t const *h, char *base, 
         double absmax;
         double span[NK_SPAN];
         if (!nk_row_absmax(nk_dtype_float64_k, x, h->depth, &absmax, span)) return nk_error_nonfinite_k;
-        double limit = dtype == nk_dtype_int8_k ? 127.0 : 7.0, factor = 1.0, multiplier = 0.0;
+        double limit = dtype == nk_dtype_int8_k ? 127.0 : 7.0, multiplier = 0.0;
+        int shift = 0;
         if (dtype != nk_dtype_uint1_k && absmax > 0.0) {
             /* A scale outside float32's normal range: the row is first scaled by a power of two
-             * (cosine is scale-free), as the narrow float formats are. */
+             * (cosine is scale-free), as the narrow float formats are. By ldexp, not by a factor:
+             * 2^-exponent overflows a double for subnormal rows. */
             if (!(absmax / limit >= FLT_MIN && absmax / limit <= FLT_MAX / 2)) {
                 int exponent;
                 frexp(absmax, &exponent);
-                factor = ldexp(1.0, -exponent); /* absmax * factor in [0.5, 1) */
+                shift = -exponent; /* absmax * 2^shift in [0.5, 1) */
             }
-            scale = (float)(absmax * factor / limit);
-            multiplier = factor / (double)scale;
+            scale = (float)(ldexp(absmax, shift) / limit);
+            multiplier = 1.0 / (double)scale;
         }
         else if (dtype != nk_dtype_uint1_k)
             scale = 0.0f;
@@ -390,7 +392,7 @@ static nk_status_t nk_pack_integer_row(nk_maxsim_header_t const *h, char *base, 
             int q;
             if (dtype == nk_dtype_uint1_k) q = v >= 0.0 ? 1 : -1; /* zero counts as +1 */
             else {
-                double r = nk_round_even(v * multiplier);
+                double r = nk_round_even((shift ? ldexp(v, shift) : v) * multiplier);
                 q = (int)(r > limit ? limit : r < -limit ? -limit : r);
             }
             nk_integer_put(h, values, row, k, q);
