@@ -31,8 +31,9 @@ if os.path.abspath(nk.__file__).startswith(os.path.join(_REPO, "src") + os.sep):
     raise pytest.UsageError(f"numkong was imported from the source tree ({nk.__file__}); install it first")
 
 # ---------------------------------------------------------------------------------------------
-# Test tiers: `python -m pytest tests` is the quick tier; `--slow` adds the tests marked slow (qemu Arm
-# runs, sanitizer rebuilds, the Windows build under wine, the wheel check, long fuzzing), whose tools
+# Test tiers: `python -m pytest tests` is the quick tier; `--slow` runs what it leaves out: the tests
+# marked slow (qemu Arm runs, sanitizer rebuilds, the Windows build under wine, the wheel check, long
+# fuzzing) and those marked extras (torch, pylate), whose tools and packages
 # `bash tools/install_slow_tier.sh` installs. No test installs anything itself.
 
 SLOW_TIER_HINT = "run 'bash tools/install_slow_tier.sh .venv' (as root: it apt-installs the tools) first"
@@ -40,11 +41,15 @@ SLOW_TIER_HINT = "run 'bash tools/install_slow_tier.sh .venv' (as root: it apt-i
 
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", default=False,
-                     help="also run the slow tier (tests marked slow); see the README's Tests section")
+                     help="run the slow tier: the tests marked slow or extras, which the quick tier skips")
 
 
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--slow"):
+        # The quick tier already ran the rest; running it twice would only double CI's time.
+        chosen = [item for item in items if "slow" in item.keywords or "extras" in item.keywords]
+        config.hook.pytest_deselected(items=[item for item in items if item not in chosen])
+        items[:] = chosen
         return
     skip = pytest.mark.skip(reason="slow tier: run with --slow (python -m pytest tests --slow)")
     for item in items:

@@ -16,6 +16,7 @@ def test_every_spelling_of_a_format_is_a_dtype_alias(alias, name):
     assert nk.maxsim_pack(random_matrix(3, 8, 0), dtype=alias).dtype == name
 
 
+@pytest.mark.extras
 def test_torch_dtypes_are_dtype_aliases():
     torch = pytest.importorskip("torch")
     for dtype, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"), (torch.float8_e4m3fn, "e4m3")):
@@ -111,6 +112,7 @@ def test_padded_batch_with_lengths_drops_the_padding():
     assert bytes(memoryview(corpus)) == bytes(memoryview(nk.maxsim_pack_corpus(documents)))
 
 
+@pytest.mark.extras
 def test_padded_batch_is_treated_alike_for_numpy_and_torch():
     torch = pytest.importorskip("torch")
     batch = np.zeros((2, 5, 8), dtype=np.float32)

@@ -225,6 +225,7 @@ def test_no_torch_or_pylate_import():
 
 # ---- torch inputs (skipped without torch) ----
 
+@pytest.mark.extras
 def test_torch_tensors_and_masks():
     torch = pytest.importorskip("torch")
     queries = [embeddings(8, 15)]
@@ -261,6 +262,7 @@ def float32_tolerance(query_rows, depth):
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.extras
 def test_rerank_matches_pylate(seed):
     rank = pytest.importorskip("pylate.rank")
     ids, queries, documents = pylate_case(seed)
@@ -273,6 +275,7 @@ def test_rerank_matches_pylate(seed):
             assert abs(mine["score"] - reference["score"]) <= tolerance, (mine, reference)
 
 
+@pytest.mark.extras
 def test_colbert_scores_match_pylate_with_masks():
     scores = pytest.importorskip("pylate.scores")
     torch = pytest.importorskip("torch")

@@ -29,6 +29,7 @@ def readme_blocks():
 
 
 BLOCKS = readme_blocks()
+pytestmark = pytest.mark.xdist_group("readme")  # one worker, in order: the blocks share NAMESPACE
 NAMESPACE = {}
 
 
@@ -39,7 +40,12 @@ def test_readme_has_python_blocks_and_only_known_fences():
         assert all(option.startswith("needs-") for option in options), f"README.md:{line}: {options}"
 
 
-@pytest.mark.parametrize("line, language, options, code", BLOCKS, ids=[f"line{b[0]}-{b[1]}" for b in BLOCKS])
+EXTRAS = {"needs-torch", "needs-pylate"}  # packages only the slow tier installs: such blocks are self-contained
+
+
+@pytest.mark.parametrize("line, language, options, code",
+                         [pytest.param(*block, marks=[pytest.mark.extras] if EXTRAS & set(block[2]) else [])
+                          for block in BLOCKS], ids=[f"line{b[0]}-{b[1]}" for b in BLOCKS])
 def test_readme_block_runs(line, language, options, code, tmp_path):
     if language in NOT_RUN:
         pytest.skip(f"{language} block: not run")

@@ -16,6 +16,7 @@ from conftest import (
 )
 from numkong._maxsim import _from_dlpack
 
+pytestmark = pytest.mark.extras
 torch = pytest.importorskip("torch")
 
 # torch dtype name -> numkong packing dtype (what dtype=None keeps)

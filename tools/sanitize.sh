@@ -6,7 +6,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${NUMKONG_SANITIZE_VENV:-$root/.venv-sanitize}"
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q meson-python meson ninja cython numpy ml_dtypes pytest hypothesis 'dask[distributed]'
+"$venv/bin/pip" install -q meson-python meson ninja cython numpy ml_dtypes pytest pytest-xdist hypothesis 'dask[distributed]'
 # b_lundef=false: extension modules leave Python's symbols undefined, which sanitizers otherwise reject.
 "$venv/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps \
     -Csetup-args=-Db_sanitize=address,undefined -Csetup-args=-Db_lundef=false \
