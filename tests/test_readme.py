@@ -29,7 +29,6 @@ def readme_blocks():
 
 
 BLOCKS = readme_blocks()
-pytestmark = pytest.mark.xdist_group("readme")  # one worker, in order: the blocks share NAMESPACE
 NAMESPACE = {}
 
 

@@ -17,7 +17,7 @@ def test_suite_passes_under_address_and_undefined_sanitizers(tmp_path):
     environment = dict(os.environ, NUMKONG_SANITIZE_VENV=str(tmp_path / "venv"))
     # The C driver runs under the sanitizers on its own in the slow tier; the inner run is the quick tier.
     run = subprocess.run(["bash", os.path.join(ROOT, "tools", "sanitize.sh"), "-q", "-x", "-n", "2", "--dist",
-                          "loadgroup", "-k",
+                          "loadfile", "-k",
                           "not c_kernels and not arm_families"], capture_output=True, text=True,
                          env=environment, timeout=3000)
     tail = run.stdout[-3000:] + run.stderr[-3000:]
