@@ -9,7 +9,6 @@ against all scores plus a sort on one thread, and maxsim-cpu's maxsim_scores_var
 """
 import os
 import tempfile
-import time
 
 import numpy as np
 
@@ -43,17 +42,9 @@ def relevant_queries(documents, count, seed=1, rows=32, noise=0.15):
     return queries, relevant
 
 
-def _best_of(function, repeats):
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def scale_cases(sizes=(10_000, 100_000), repeats=3):
     import numkong as nk
+    from numkong.__main__ import best_time
     records = []
     print(f"\nCorpora at scale: clustered float16 tokens, depth {DEPTH}, documents of 32-180 tokens, top_k=10")
     print(f"{'documents':>9} {'measure':<44} {'value':>12}")
@@ -66,26 +57,26 @@ def scale_cases(sizes=(10_000, 100_000), repeats=3):
         documents = clustered_documents(size)
         tokens = sum(len(d) for d in documents)
         for threads in (1, 2):
-            seconds = _best_of(lambda: nk.maxsim_pack_corpus(documents, threads=threads), 1 if size > 20_000 else 2)
+            seconds = best_time(lambda: nk.maxsim_pack_corpus(documents, threads=threads), 1 if size > 20_000 else 2)
             report(size, f"pack, {threads} thread{'s' if threads > 1 else ''}", seconds, "s")
         corpus = nk.maxsim_pack_corpus(documents, threads=2)
         report(size, "packed bytes per token", corpus.nbytes / tokens, "B")
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "corpus.nkc")
-            report(size, "save", _best_of(lambda: corpus.save(path), 1), "s")
+            report(size, "save", best_time(lambda: corpus.save(path), 1), "s")
             for verify in (True, False, "all"):
-                seconds = _best_of(lambda: nk.MaxSimPackedCorpus.load(path, verify=verify), 1 if verify == "all" else 3)
+                seconds = best_time(lambda: nk.MaxSimPackedCorpus.load(path, verify=verify), 1 if verify == "all" else 3)
                 report(size, f"load (mmap), verify={verify}", seconds, "s")
                 report(size, f"load (mmap), verify={verify}, GB/s", corpus.nbytes / seconds / 1e9, "GB/s")
         queries, _ = relevant_queries(documents, 16)
         packed = [nk.maxsim_pack(query) for query in queries]
-        full = _best_of(lambda: np.argsort(nk.maxsim_packed_corpus(packed[0], corpus, threads=1), kind="stable")[:10],
-                        repeats)
+        full = best_time(lambda: np.argsort(nk.maxsim_packed_corpus(packed[0], corpus, threads=1), kind="stable")[:10],
+                         repeats)
         report(size, "all scores + sort, 1 query, 1 thread", full * 1e3, "ms")
         for threads in (1, 2):
-            one = _best_of(lambda: nk.maxsim_packed_corpus(packed[0], corpus, top_k=10, threads=threads), repeats)
+            one = best_time(lambda: nk.maxsim_packed_corpus(packed[0], corpus, top_k=10, threads=threads), repeats)
             report(size, f"top_k=10, 1 query, {threads} thread{'s' if threads > 1 else ''}", one * 1e3, "ms")
-            many = _best_of(lambda: nk.maxsim_packed_corpus(packed, corpus, top_k=10, threads=threads), repeats)
+            many = best_time(lambda: nk.maxsim_packed_corpus(packed, corpus, top_k=10, threads=threads), repeats)
             report(size, f"top_k=10, 16 queries per call, {threads} thread{'s' if threads > 1 else ''}",
                    16 / many, "queries/s")
             if threads == 1:
@@ -98,10 +89,10 @@ def scale_cases(sizes=(10_000, 100_000), repeats=3):
             wide = [d.astype(np.float32) for d in documents]
             query = queries[0].astype(np.float32)
             query /= np.linalg.norm(query, axis=1, keepdims=True)
-            theirs = _best_of(lambda: np.argpartition(
+            theirs = best_time(lambda: np.argpartition(
                 -np.asarray(maxsim_cpu.maxsim_scores_variable(query, wide)), 10)[:10], 1 if size > 20_000 else 2)
             report(size, "maxsim-cpu scores_variable + argpartition", theirs * 1e3, "ms")
-            two = _best_of(lambda: nk.maxsim_packed_corpus(packed[0], corpus, top_k=10, threads=2), repeats)
+            two = best_time(lambda: nk.maxsim_packed_corpus(packed[0], corpus, top_k=10, threads=2), repeats)
             report(size, "maxsim-cpu / top_k=10 (2 threads)", theirs / two, "x")
             del wide
         del corpus, documents

@@ -4,7 +4,7 @@
     python tools/quality.py [--documents 10000] [--queries 100] [--candidates 200,400] [--threads 2]
                             [--repeats 3] [--seed 0] [--quick] [--markdown] [--json PATH]
 
-Data: ColBERT-like clustered synthetic tokens, generated here with a fixed seed. 1,024 shared unit
+Data: ColBERT-like clustered synthetic tokens, from tools/bench_scale.py with a fixed seed. 1,024 shared unit
 centroids of depth 128; each document has 32..180 tokens (uniform), each token a random centroid plus
 Gaussian noise (0.35 / sqrt(depth) per component), normalized. Each query has 32 rows: random tokens of a
 random document (its "source") plus noise (0.15 / sqrt(depth) per component). Everything starts as
@@ -42,8 +42,8 @@ import time
 
 import numpy as np
 
-DEPTH = 128
-CENTROIDS = 1024
+from bench_scale import CENTROIDS, DEPTH, clustered_documents, relevant_queries  # the data of bench.py --corpus
+
 QUERY_ROWS = 32
 TOP = 10
 FORMATS = ["float32", "float16", "bfloat16", "int8", "int4", "uint1"]
@@ -54,34 +54,6 @@ RESCORE = "float16"
 def log(message):
     """Progress on stderr, so that stdout holds only the header and the tables."""
     print(message, file=sys.stderr, flush=True)
-
-
-# ---- data ----
-
-def clustered_documents(count, seed, low=32, high=180, spread=0.35):
-    """`count` float32 documents of low..high unit tokens, each near one of CENTROIDS shared unit centroids."""
-    rng = np.random.default_rng(seed)
-    centers = rng.standard_normal((CENTROIDS, DEPTH)).astype(np.float32)
-    centers /= np.linalg.norm(centers, axis=1, keepdims=True)
-    documents = []
-    for n in rng.integers(low, high + 1, count):
-        tokens = centers[rng.integers(0, CENTROIDS, n)]
-        tokens = tokens + spread * rng.standard_normal((n, DEPTH)).astype(np.float32) / np.sqrt(DEPTH)
-        documents.append(tokens / np.linalg.norm(tokens, axis=1, keepdims=True))
-    return documents
-
-
-def relevant_queries(documents, count, seed, noise=0.15):
-    """(queries, the document each was built from): QUERY_ROWS random tokens of a random document plus noise."""
-    rng = np.random.default_rng(seed)
-    queries, sources = [], []
-    for _ in range(count):
-        index = int(rng.integers(0, len(documents)))
-        tokens = documents[index][rng.integers(0, len(documents[index]), QUERY_ROWS)]
-        tokens = tokens + noise * rng.standard_normal(tokens.shape).astype(np.float32) / np.sqrt(DEPTH)
-        queries.append(np.ascontiguousarray(tokens, dtype=np.float32))
-        sources.append(index)
-    return queries, sources
 
 
 # ---- measuring ----
@@ -250,8 +222,8 @@ def main():
           f"{os.cpu_count()} CPUs, load average {load:.2f} at start")
     started = time.perf_counter()
     log(f"generating {args.documents} documents and {args.queries} queries")
-    documents = clustered_documents(args.documents, args.seed)
-    queries, sources = relevant_queries(documents, args.queries, args.seed + 1)
+    documents = clustered_documents(args.documents, args.seed, dtype=np.float32)
+    queries, sources = relevant_queries(documents, args.queries, args.seed + 1, rows=QUERY_ROWS)
     meta = {"numkong": nk.__version__, "capabilities": active, "documents": args.documents,
             "tokens": int(sum(len(d) for d in documents)), "queries": args.queries, "threads": args.threads,
             "repeats": args.repeats, "seed": args.seed, "depth": DEPTH, "centroids": CENTROIDS,
