@@ -55,8 +55,6 @@
 #define NK_SCREEN_TILE 16u
 /* Largest depth whose biased u8 x s8 dot fits int32: 255 * 127 * depth < 2^31. */
 #define NK_SCREEN_MAX_DEPTH 65536u
-/* Largest int8 / int4 depth whose sum of q^2 fits the uint32 norms2: 127^2 * depth < 2^32. */
-#define NK_INTEGER_MAX_DEPTH 262144u
 /* Absolute slack for float32 rounding in a screening estimate of a cosine (|estimate| <= ~1). */
 #define nk_screen_slack_k 1e-5f
 

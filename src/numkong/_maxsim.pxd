@@ -42,6 +42,7 @@ cdef extern from "numkong/maxsim.h" nogil:
 
     uint64_t NK_CAPABILITIES_ANY
     uint64_t NK_CORPUS_MAX_THREADS
+    uint64_t NK_INTEGER_MAX_DEPTH
     uint32_t NK_MAXSIM_FORMAT_VERSION
     uint32_t NK_CORPUS_FORMAT_VERSION
 

@@ -296,7 +296,6 @@ _DTYPE_CODES = {  # the nk_dtype_t codes of the C header
 }
 # Integer formats: values stored tiled with a per-row scale (int8, int4) or as bits (uint1).
 _INTEGER_NAMES = ("int8", "int4", "uint1")
-_INTEGER_MAX_DEPTH = 262144  # int8 / int4: 127^2 x depth must fit the uint32 sum of squares
 # Integer spellings of the API that are not packing formats, and what to use instead.
 _INTEGER_REFUSED = ("uint4", "int64", "int32", "int16", "uint64", "uint32", "uint16", "uint8")
 _DTYPE_NAMES = {code: name for name, code in _DTYPE_CODES.items()}
@@ -392,8 +391,8 @@ def _dtype_name(dtype):
 
 def _check_depth(name, depth):
     """The integer formats' depth limit, as an error that says what to do."""
-    if name in ("int8", "int4") and depth > _INTEGER_MAX_DEPTH:
-        raise ValueError(f"{name} packs depth up to {_INTEGER_MAX_DEPTH:,} (its exact sum of squares per row is a "
+    if name in ("int8", "int4") and depth > NK_INTEGER_MAX_DEPTH:
+        raise ValueError(f"{name} packs depth up to {NK_INTEGER_MAX_DEPTH:,} (its exact sum of squares per row is a "
                          f"uint32); depth {depth:,} needs dtype='uint1' or a float format")
 
 

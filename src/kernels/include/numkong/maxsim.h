@@ -65,6 +65,8 @@ enum {
 #define NK_CAPABILITIES_ANY (~(uint64_t)0)
 /* Most threads nk_maxsim_score_corpus runs on; larger requests are capped. */
 #define NK_CORPUS_MAX_THREADS 256u
+/* Largest int8 / int4 depth: the exact sum of q^2 per row, 127^2 * depth, is stored as a uint32. */
+#define NK_INTEGER_MAX_DEPTH 262144u
 
 typedef enum nk_status {
     nk_ok_k = 0,
