@@ -701,10 +701,13 @@ nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride
     nk_maxsim_header_t h;
     nk_status_t status = nk_maxsim_layout(vectors, depth, dtype, &h);
     if (status != nk_ok_k) return status;
-    /* Float formats also take float32, float16 and bfloat16 rows: each decodes exactly to float64. */
+    /* Float formats take their own rows and float64, float32, float16 or bfloat16 rows (each decodes
+     * exactly to float64); integer formats take float64 rows, and int8 takes int8 rows as they are. */
     int wide_source = source_dtype >= nk_dtype_float64_k && source_dtype <= nk_dtype_bfloat16_k;
-    if (source_dtype != dtype && source_dtype != nk_dtype_float64_k && !(wide_source && !nk_dtype_is_integer(dtype)))
-        return nk_error_argument_k;
+    int accepted = nk_dtype_is_integer(dtype)
+                       ? source_dtype == nk_dtype_float64_k || (source_dtype == nk_dtype_int8_k && dtype == nk_dtype_int8_k)
+                       : source_dtype == dtype || wide_source;
+    if (!accepted) return nk_error_argument_k;
     if (!out || (((uintptr_t)out) % NK_SECTION_ALIGN) != 0 || (!src && vectors && depth)) return nk_error_argument_k;
     if (out_nbytes < h.nbytes) return nk_error_buffer_small_k;
     h.capabilities = capabilities;
@@ -716,8 +719,6 @@ nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride
     else nk_zero_gaps(&h, base);
     memcpy(base, &h, sizeof(h));
     if (nk_dtype_is_integer(dtype)) {
-        if (source_dtype != nk_dtype_float64_k && !(source_dtype == nk_dtype_int8_k && dtype == nk_dtype_int8_k))
-            return nk_error_argument_k;
         for (uint64_t row = 0; row < vectors; ++row) {
             status = nk_pack_integer_row(&h, base, row, source_dtype, (char const *)src + (int64_t)row * row_stride);
             if (status != nk_ok_k) {
