@@ -368,15 +368,30 @@ typedef struct nk_corpus_job {
  * the current one: a corpus comes from memory, not from cache. */
 #define NK_CORPUS_CLAIM 4u
 
+/* Prefetch a document's small per-row sections (its bulk, next_bytes, is prefetched by the kernel
+ * scoring the document before it, a share at a time: nk_prefetch_share). */
 static void nk_corpus_prefetch(nk_maxsim_view_t const *document) {
-    char const *first, *end;
-    if (document->inv_norms)
-        first = (char const *)document->inv_norms, end = (char const *)(document->screen_sums + document->vectors);
-    else if (document->norms2) /* int8, int4: the norms and scales (their values are read in order) */
-        first = (char const *)document->norms2, end = (char const *)(document->scales + document->vectors);
-    else /* uint1 */
-        return;
-    for (char const *at = first; at < end; at += 64) nk_prefetch_l2(at);
+    char const *sections[2][2] = {{NULL, NULL}, {NULL, NULL}};
+    if (document->inv_norms) { /* float formats: inv_norms, then (after the screen) scales, errors and sums */
+        sections[0][0] = (char const *)document->inv_norms;
+        sections[0][1] = (char const *)(document->inv_norms + document->vectors);
+        sections[1][0] = (char const *)document->screen_scales;
+        sections[1][1] = (char const *)(document->screen_sums + document->vectors);
+    }
+    else if (document->norms2) { /* int8, int4: the norms and scales, after the values */
+        sections[0][0] = (char const *)document->norms2;
+        sections[0][1] = (char const *)(document->scales + document->vectors);
+    }
+    for (int s = 0; s < 2; ++s)
+        for (char const *at = sections[s][0]; at && at < sections[s][1]; at += 64) nk_prefetch_l2(at);
+}
+
+/* What a kernel reads first of `document`, for the document before it to prefetch. */
+static void nk_corpus_first_reads(nk_maxsim_view_t const *document, uint8_t const **bytes, uint64_t *count) {
+    if (document->inv_norms) /* float formats: the screen */
+        *bytes = document->screen, *count = document->vectors * document->screen_depth;
+    else /* integer formats: the tiled values */
+        *bytes = (uint8_t const *)document->values, *count = document->vectors * document->row_bytes;
 }
 
 static void nk_corpus_view(nk_corpus_t const *corpus, uint64_t index, nk_maxsim_view_t *view) {
@@ -385,36 +400,45 @@ static void nk_corpus_view(nk_corpus_t const *corpus, uint64_t index, nk_maxsim_
     view->cold = 1;
 }
 
-/* A worker's walk over the documents it claims, a few at a time from a shared counter, each one's
- * successor's sections prefetched while it is scored. */
+/* A worker's walk over the documents it claims, a few at a time from a shared counter (the next
+ * claim taken while the last document of the current one is scored), each one's successor's
+ * sections prefetched while it is scored. */
 typedef struct nk_corpus_walk {
     nk_corpus_t const *corpus;
-    uint64_t *next; /* the shared counter */
-    uint64_t document, end;
+    uint64_t *next;             /* the shared counter */
+    uint64_t document, end;     /* the current document and the end of its claim */
+    uint64_t claimed;           /* the first document of the next claim (>= documents: none) */
     nk_maxsim_view_t current, upcoming;
 } nk_corpus_walk_t;
 
 static void nk_corpus_walk_start(nk_corpus_walk_t *walk, nk_corpus_t const *corpus, uint64_t *next) {
-    walk->corpus = corpus, walk->next = next, walk->document = walk->end = 0;
+    walk->corpus = corpus, walk->next = next;
+    walk->claimed = nk_atomic_fetch_add_u64(next, NK_CORPUS_CLAIM);
+    walk->document = walk->end = 0;
+    if (walk->claimed < corpus->info.documents) nk_corpus_view(corpus, walk->claimed, &walk->upcoming);
 }
 
 /* The next document into walk->current (its index walk->document); 0 when all are claimed. */
 static int nk_corpus_walk_next(nk_corpus_walk_t *walk) {
     uint64_t documents = walk->corpus->info.documents;
-    if (walk->document + 1 < walk->end) {
+    if (walk->document + 1 < walk->end)
         ++walk->document;
-        walk->current = walk->upcoming;
-    }
     else {
-        uint64_t first = nk_atomic_fetch_add_u64(walk->next, NK_CORPUS_CLAIM);
+        uint64_t first = walk->claimed;
         if (first >= documents) return 0;
         walk->end = documents - first < NK_CORPUS_CLAIM ? documents : first + NK_CORPUS_CLAIM;
         walk->document = first;
-        nk_corpus_view(walk->corpus, first, &walk->current);
     }
-    if (walk->document + 1 < walk->end) {
-        nk_corpus_view(walk->corpus, walk->document + 1, &walk->upcoming);
+    walk->current = walk->upcoming; /* the view of walk->document */
+    uint64_t successor = walk->document + 1;
+    if (successor == walk->end) { /* claim ahead, so the successor is known now */
+        walk->claimed = nk_atomic_fetch_add_u64(walk->next, NK_CORPUS_CLAIM);
+        successor = walk->claimed;
+    }
+    if (successor < documents) {
+        nk_corpus_view(walk->corpus, successor, &walk->upcoming);
         nk_corpus_prefetch(&walk->upcoming);
+        nk_corpus_first_reads(&walk->upcoming, &walk->current.next_bytes, &walk->current.next_count);
     }
     return 1;
 }

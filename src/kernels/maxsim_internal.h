@@ -109,8 +109,21 @@ typedef struct nk_maxsim_view {
     uint32_t const *norms2; /* integer formats: sum of q^2 per row (int8, int4), else NULL */
     float const *scales;    /* integer formats: value = scale x q per row (int8, int4), else NULL */
     int cold; /* a hint: the rows come from memory (a corpus), so prefetching candidate rows pays */
+    /* Documents in a corpus walk: the bytes the next document's scoring reads first (its screen, or
+     * an integer format's tiled values), for nk_prefetch_share; else NULL and 0. */
+    uint8_t const *next_bytes;
+    uint64_t next_count;
     double stop_above; /* queries only: a kernel may stop once the result is proven above this (top-k) */
 } nk_maxsim_view_t;
+
+/* Prefetch share `share` of `shares` of d's next_bytes into L2: a kernel calls it once per share
+ * (e.g. per query group) while it scores d, so the next document's data arrives spread over the
+ * work instead of in one burst whose prefetches the core would drop (top-k 19 % faster, 20k docs). */
+static inline void nk_prefetch_share(nk_maxsim_view_t const *d, uint64_t share, uint64_t shares) {
+    uint64_t lines = (d->next_count + 63) / 64;
+    for (uint64_t line = lines * share / shares, end = lines * (share + 1) / shares; line < end; ++line)
+        nk_prefetch_l2(d->next_bytes + line * 64);
+}
 
 /* Kernel contract (kernels are reached through nk_maxsim_score, which probes the CPU first: the
  * sapphireamx family needs that probe's Linux AMX permission request before its first tile
