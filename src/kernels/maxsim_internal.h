@@ -120,6 +120,7 @@ typedef struct nk_maxsim_view {
  * (e.g. per query group) while it scores d, so the next document's data arrives spread over the
  * work instead of in one burst whose prefetches the core would drop (top-k 19 % faster, 20k docs). */
 static inline void nk_prefetch_share(nk_maxsim_view_t const *d, uint64_t share, uint64_t shares) {
+    if (!d->next_count) return; /* not in a corpus walk, or the last document */
     uint64_t lines = (d->next_count + 63) / 64;
     for (uint64_t line = lines * share / shares, end = lines * (share + 1) / shares; line < end; ++line)
         nk_prefetch_l2(d->next_bytes + line * 64);
