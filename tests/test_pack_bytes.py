@@ -146,6 +146,24 @@ else:
     from hypothesis import HealthCheck, assume, given, settings
     from hypothesis import strategies as st
 
+    HEADER_BYTES = 128  # holds the stored capability mask; every byte after it is data
+
+    @pytest.mark.parametrize("family", [name for name in ("haswell", "skylake", "icelake")
+                                        if name in str(nk.get_capabilities())])
+    def test_every_family_packs_the_same_bytes(family):
+        """The packer's row routines exist as a portable and an AVX-512 compilation (picked by the pack's
+        capability mask and the CPU): a pack restricted to serial and one restricted to `family` store
+        the same bytes after the header, on every fixed case."""
+        mask = nk.Capability[family.upper()]
+        differ = []
+        for key, source, target, depth, rows, seed in _cases():
+            arr = case_array(source, target, depth, rows, seed)
+            serial = bytes(memoryview(nk.maxsim_pack(arr, target, capabilities=nk.Capability.SERIAL)))
+            wide = bytes(memoryview(nk.maxsim_pack(arr, target, capabilities=mask)))
+            if serial[HEADER_BYTES:] != wide[HEADER_BYTES:]:
+                differ.append(key)
+        assert not differ, f"{len(differ)} cases differ, e.g. {differ[:5]}"
+
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(source=st.sampled_from(["float32", "float16", "bfloat16"]), target=st.sampled_from(TARGETS),
            depth=st.sampled_from(DEPTHS), rows=st.integers(1, 40), seed=st.integers(0, 2 ** 40),

@@ -1,0 +1,456 @@
+/* The packer's float-format row routines: rounding to the packing formats, the largest-magnitude
+ * check, the screening copy and the derived sections of one row. Included by pack.c (the portable
+ * build, table nk_pack_rows_serial) and compiled again by pack_rows.c with a SIMD family's flags:
+ * the same C under -ffp-contract=off gives the same bytes, only in wider vectors (float32 packing
+ * 1.75x faster with AVX-512). NK_PACK_ROWS_NAME names the table this compilation exports. */
+#ifndef NUMKONG_PACK_ROWS_H
+#define NUMKONG_PACK_ROWS_H
+#include <float.h>
+#include <math.h>
+
+#include "maxsim_internal.h"
+
+/* One compilation's row routines (the packer picks one table per call: nk_pack_rows_for). */
+typedef struct nk_pack_rows {
+    nk_status_t (*pack_float_row)(nk_maxsim_header_t const *h, char *base, uint64_t row, int source_dtype,
+                                  void const *source_row);
+    int (*derive_float_row)(nk_maxsim_header_t const *h, char *base, uint64_t row, int verify);
+    int (*float_row_is_valid)(int dtype, void const *row, uint64_t depth);
+} nk_pack_rows_t;
+
+/* ---- Rounding float64 to the packing formats (round-to-nearest-even). ---- */
+
+typedef struct nk_format {
+    int exponent_bits, mantissa_bits, bias;
+    double max_finite;
+} nk_format_t;
+
+static nk_format_t nk_format_of(int dtype) {
+    switch (dtype) {
+    case nk_dtype_float16_k: return (nk_format_t){5, 10, 15, 65504.0};
+    case nk_dtype_bfloat16_k: return (nk_format_t){8, 7, 127, 3.3895313892515355e38};
+    case nk_dtype_e4m3_k: return (nk_format_t){4, 3, 7, 448.0};
+    case nk_dtype_e5m2_k: return (nk_format_t){5, 2, 15, 57344.0};
+    case nk_dtype_e2m3_k: return (nk_format_t){2, 3, 1, 7.5};
+    case nk_dtype_e3m2_k: return (nk_format_t){3, 2, 3, 28.0};
+    default: return (nk_format_t){0, 0, 0, 0.0};
+    }
+}
+
+/* Encode a finite value with |value| <= max_finite, given as its float64 bits: round-to-nearest-even in
+ * integer arithmetic (no libm, one branch); returns sign-magnitude bits, sign at bit 1+e+m. */
+static inline uint32_t nk_encode_minifloat(uint64_t bits, nk_format_t f) {
+    uint32_t sign = (uint32_t)(bits >> 63) << (f.exponent_bits + f.mantissa_bits);
+    uint64_t magnitude = bits & ~((uint64_t)1 << 63), biased = magnitude >> 52;
+    if (biased >= (uint64_t)(1024 - f.bias)) {
+        /* Normal result: round the 52-bit mantissa to nearest even; a carry moves into the exponent
+         * by itself. */
+        int drop = 52 - f.mantissa_bits;
+        uint64_t rounded = (magnitude + (((uint64_t)1 << (drop - 1)) - 1) + ((magnitude >> drop) & 1)) >> drop;
+        return sign | (uint32_t)(rounded - ((uint64_t)(1023 - f.bias) << f.mantissa_bits));
+    }
+    /* Subnormal result (or zero): the count of the smallest subnormal 2^(1-bias-m) in the value,
+     * rounded to even; 2^m counts is the smallest normal code by itself. */
+    uint64_t significand = (magnitude & (((uint64_t)1 << 52) - 1)) | (biased ? (uint64_t)1 << 52 : 0);
+    int shift = 1076 - f.bias - f.mantissa_bits - (biased ? (int)biased : 1); /* >= 53 - m >= 1 */
+    if (shift > 62) return sign; /* the significand is below 2^53, half a count */
+    uint64_t counts = (significand + (((uint64_t)1 << (shift - 1)) - 1) + ((significand >> shift) & 1)) >> shift;
+    return sign | (uint32_t)counts;
+}
+
+/* The same rounding from a float32 value (finite, |y| <= the format's max_finite), without branches so
+ * that loops of it vectorize. Only for values whose float64 -> float32 conversion was exact or lands
+ * below the format's smallest subnormal's half (both: the same code as nk_encode_minifloat). */
+static inline uint16_t nk_bf16_from_f32(float y) {
+    uint32_t bits;
+    memcpy(&bits, &y, 4);
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16); /* float32's subnormals align too */
+}
+
+static inline uint16_t nk_f16_from_f32(float y) {
+    uint32_t bits, sign, magnitude, aligned_bits;
+    memcpy(&bits, &y, 4);
+    sign = (bits >> 16) & 0x8000u, magnitude = bits & 0x7FFFFFFFu;
+    /* Normal half: drop 13 mantissa bits to nearest even and rebias (a carry moves into the exponent). */
+    uint32_t normal = (magnitude + 0xFFFu + ((magnitude >> 13) & 1u) - ((uint32_t)(127 - 15) << 23)) >> 13;
+    /* Below 2^-14: adding 0.5 makes float32 itself round |y| to a multiple of 2^-24 (its ulp there), to
+     * nearest even; the count lands in the low bits, 1024 being the smallest normal half. */
+    float aligned = fabsf(y) + 0.5f;
+    memcpy(&aligned_bits, &aligned, 4);
+    uint32_t below = 0u - (uint32_t)(magnitude < 0x38800000u); /* a mask: the compiler vectorizes it */
+    return (uint16_t)(sign | ((aligned_bits - 0x3F000000u) & below) | (normal & ~below));
+}
+
+/* Largest magnitudes whose products and norms stay safe in float64 accumulation. */
+#define NK_F64_SAFE_LOG2 400
+#define NK_F32_SAFE_LOG2 100
+
+/* Power-of-two exponent to scale a row with largest magnitude `absmax` by (0: leave as is).
+ * Wide formats are only rescaled when outside their safe range (to [1, 2)); narrow formats
+ * being cast are always brought to the top of their range so nothing overflows or flushes. */
+static int nk_row_scale_exponent(int dtype, int casting, double absmax) {
+    if (absmax == 0.0) return 0;
+    int exponent;
+    frexp(absmax, &exponent); /* absmax in [2^(exponent-1), 2^exponent) */
+    int log2_floor = exponent - 1;
+    switch (dtype) {
+    case nk_dtype_float64_k:
+        return (log2_floor < -NK_F64_SAFE_LOG2 || log2_floor >= NK_F64_SAFE_LOG2) ? -log2_floor : 0;
+    case nk_dtype_float32_k:
+    case nk_dtype_bfloat16_k:
+        if (!casting) return 0;
+        return (log2_floor < -NK_F32_SAFE_LOG2 || log2_floor >= NK_F32_SAFE_LOG2) ? -log2_floor : 0;
+    default: {
+        if (!casting) return 0;
+        nk_format_t f = nk_format_of(dtype);
+        int top;
+        frexp(f.max_finite, &top);
+        int shift = (top - 1) - log2_floor;
+        if (ldexp(absmax, shift) > f.max_finite) shift -= 1;
+        return shift;
+    }
+    }
+}
+
+/* Elements [start, start + count) of a row, decoded exactly to double (the switch outside the loop). */
+#define NK_SPAN 256
+static void nk_decode_span(int dtype, void const *row, uint64_t start, uint64_t count, double *out) {
+    uint8_t const *bytes = (uint8_t const *)row + start * nk_dtype_itemsize(dtype);
+    uint16_t const *halves = (uint16_t const *)bytes;
+    switch (dtype) {
+    case nk_dtype_float64_k: memcpy(out, bytes, count * sizeof(double)); break;
+    case nk_dtype_float32_k:
+        for (uint64_t i = 0; i < count; ++i) out[i] = ((float const *)bytes)[i];
+        break;
+    case nk_dtype_float16_k:
+        for (uint64_t i = 0; i < count; ++i) out[i] = nk_half_to_f32(halves[i]);
+        break;
+    case nk_dtype_bfloat16_k:
+        for (uint64_t i = 0; i < count; ++i) out[i] = nk_f32_from_bits((uint32_t)halves[i] << 16);
+        break;
+    default: /* 8- and 6-bit formats: a 256-entry table would need global state; decode per element */
+        for (uint64_t i = 0; i < count; ++i) out[i] = nk_decode(dtype, bytes, i);
+        break;
+    }
+}
+
+/* Round to nearest even for |x| < 2^51 without a libm call: adding 1.5 * 2^52 leaves no fraction bits. */
+static inline double nk_round_even(double x) { return (x + 6755399441055744.0) - 6755399441055744.0; }
+
+/* One element of a unit row quantized for the screening copy: round(u * multiplier) in [-127, 127]. */
+static inline double nk_quantize(double u, double multiplier) {
+    double q = nk_round_even(u * multiplier);
+    return q > 127.0 ? 127.0 : q < -127.0 ? -127.0 : q;
+}
+
+/* A row decoded span by span; a row of at most NK_SPAN elements is decoded once and then kept. */
+typedef struct nk_span {
+    double values[NK_SPAN];
+    int holds_row;
+} nk_span_t;
+
+/* Elements [start, start + padded) of a row (zeros past depth) into span->values; padded is a
+ * multiple of 4, at most NK_SPAN. */
+static void nk_row_span(int dtype, void const *row, uint64_t depth, uint64_t start, uint64_t padded, nk_span_t *span) {
+    uint64_t count = start >= depth ? 0 : (depth - start < padded ? depth - start : padded);
+    if (!span->holds_row) {
+        nk_decode_span(dtype, row, start, count, span->values);
+        span->holds_row = depth <= NK_SPAN;
+    }
+    for (uint64_t i = count; i < padded; ++i) span->values[i] = 0.0;
+}
+
+/* Quantize the unit row u = values * inv_norm with each step (steps[1] == 0: only the first): the codes
+ * q = round(u / step) in [-127, 127] of elements [0, depth) go to codes[s] (which hold NK_SPAN), and
+ * the squared norms of u - q * step, summed in 4 lanes in a fixed order (packing and verification
+ * agree bit for bit), to squares[s]. Of a row longer than NK_SPAN only the first span's codes are kept. */
+static void nk_quantize_row(int dtype, void const *values, uint64_t depth, double inv_norm, float const steps[2],
+                            nk_span_t *span, int8_t codes[2][NK_SPAN], double squares[2]) {
+    double errors[2][4] = {{0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}};
+    double multipliers[2] = {steps[0] > 0.0f ? 1.0 / (double)steps[0] : 0.0,
+                             steps[1] > 0.0f ? 1.0 / (double)steps[1] : 0.0};
+    int count_steps = steps[1] > 0.0f ? 2 : 1;
+    int8_t dropped[NK_SPAN];
+    double residuals[NK_SPAN];
+    for (uint64_t start = 0; start < depth; start += NK_SPAN) {
+        uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN, padded = (count + 3) / 4 * 4;
+        nk_row_span(dtype, values, depth, start, padded, span);
+        for (int s = 0; s < count_steps; ++s) {
+            /* Two flat loops that the compiler vectorizes: the codes and squared residuals, then their
+             * sums in the 4 lanes, in the same order. */
+            double multiplier = multipliers[s], step = (double)steps[s], lanes[4];
+            int8_t *kept = start ? dropped : codes[s];
+            for (uint64_t i = 0; i < padded; ++i) {
+                double u = span->values[i] * inv_norm, q = nk_quantize(u, multiplier), residual = u - q * step;
+                residuals[i] = residual * residual;
+                kept[i] = (int8_t)q;
+            }
+            memcpy(lanes, errors[s], sizeof(lanes));
+            for (uint64_t i = 0; i < padded; i += 4)
+                for (int j = 0; j < 4; ++j) lanes[j] += residuals[i + j];
+            memcpy(errors[s], lanes, sizeof(lanes));
+        }
+    }
+    for (int s = 0; s < 2; ++s) squares[s] = (errors[s][0] + errors[s][1]) + (errors[s][2] + errors[s][3]);
+}
+
+/* Write `bytes` of derived data, or (verify) compare them with what is stored; 0 on mismatch. */
+static int nk_put(void *target, void const *value, size_t bytes, int verify) {
+    if (verify) return memcmp(target, value, bytes) == 0;
+    memcpy(target, value, bytes);
+    return 1;
+}
+
+/* Largest magnitude of a row into *absmax; 0 if an element is not a finite value of its format
+ * (NaN/inf, or the bit patterns the decoder would misread: the e4m3 NaN encoding and the unused
+ * top bits of fp6 bytes). Decodes span by span into `span`: a row of at most NK_SPAN elements is
+ * left there whole. */
+static int nk_row_absmax(int dtype, void const *row, uint64_t depth, double *absmax, double span[NK_SPAN]) {
+    uint8_t const *bytes = (uint8_t const *)row;
+    uint8_t forbidden_mask = dtype == nk_dtype_e4m3_k ? 0x7Fu : (dtype == nk_dtype_e2m3_k || dtype == nk_dtype_e3m2_k) ? 0xC0u : 0;
+    double lanes[4] = {0.0, 0.0, 0.0, 0.0};
+    for (uint64_t start = 0; start < depth; start += NK_SPAN) {
+        uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN;
+        if (forbidden_mask == 0x7Fu) {
+            for (uint64_t i = 0; i < count; ++i)
+                if ((bytes[start + i] & 0x7Fu) == 0x7Fu) return 0;
+        }
+        else if (forbidden_mask) {
+            for (uint64_t i = 0; i < count; ++i)
+                if (bytes[start + i] & forbidden_mask) return 0;
+        }
+        nk_decode_span(dtype, row, start, count, span);
+        /* Branch-free (it vectorizes): a NaN fails x <= DBL_MAX, infinity exceeds it. */
+        int finite = 1;
+        uint64_t i = 0;
+        for (; i + 4 <= count; i += 4)
+            for (int j = 0; j < 4; ++j) {
+                double x = fabs(span[i + j]);
+                finite &= x <= DBL_MAX;
+                lanes[j] = x > lanes[j] ? x : lanes[j];
+            }
+        for (; i < count; ++i) {
+            double x = fabs(span[i]);
+            finite &= x <= DBL_MAX;
+            lanes[0] = x > lanes[0] ? x : lanes[0];
+        }
+        if (!finite) return 0;
+    }
+    double largest = lanes[0] > lanes[1] ? lanes[0] : lanes[1];
+    largest = lanes[2] > largest ? lanes[2] : largest;
+    *absmax = lanes[3] > largest ? lanes[3] : largest;
+    return 1;
+}
+
+static int nk_float_row_is_valid(int dtype, void const *row, uint64_t depth) {
+    double absmax, span[NK_SPAN];
+    /* float64 rows were brought into the safe range by the packer. */
+    return nk_row_absmax(dtype, row, depth, &absmax, span) && nk_row_scale_exponent(dtype, 0, absmax) == 0;
+}
+
+/* A code that no valid row holds (infinity, the e4m3 NaN, fp6 bytes with the unused bits set): what
+ * a value beyond the format's range is stored as, so that the check of the stored row refuses it.
+ * Packing scales rows into range first: only a source changing while it is packed gets here. */
+static uint32_t nk_invalid_code(int dtype) {
+    switch (dtype) {
+    case nk_dtype_float16_k: return 0x7C00u;
+    case nk_dtype_bfloat16_k: return 0x7F80u;
+    case nk_dtype_e4m3_k: return 0x7Fu;
+    case nk_dtype_e5m2_k: return 0x7Cu;
+    default: return 0xC0u;
+    }
+}
+
+/* Whether |values[i] * factor| <= limit for every i (false for a NaN). The flag is a double: the
+ * vectorizer handles that beside doubles. */
+static int nk_span_fits(double const *restrict values, double factor, uint64_t count, double limit) {
+    double over = 0.0;
+    for (uint64_t i = 0; i < count; ++i) {
+        double x = fabs(values[i] * factor);
+        over = x <= limit ? over : 1.0;
+    }
+    return over == 0.0;
+}
+
+static inline uint64_t nk_f64_bits(double x) {
+    uint64_t bits;
+    memcpy(&bits, &x, 8);
+    return bits;
+}
+
+/* Round float64 `values` times 2^shift into elements [start, start + count) of a row of `dtype` (the
+ * dtype switch outside the loops). `narrow`: the values have at most 24 significant bits (float32,
+ * float16 or bfloat16 sources). Returns 0 if a stored value is one no valid row holds (non-finite,
+ * beyond the format's range: stored as such so that nothing scores it), else 1; float64 also reports
+ * the largest stored magnitude into *largest for the range check of the row. */
+static int nk_store_span(int dtype, void *row, uint64_t start, uint64_t count, double const *values, int shift,
+                         int narrow, double *largest) {
+    /* A power of two as a double covers |shift| <= 1000; beyond, ldexp avoids overflowing it (apart,
+     * so that the loops below stay branch-free and vectorize). */
+    int finite = 1;
+    double factor = 1.0, scaled[NK_SPAN];
+    if (shift >= -1000 && shift <= 1000) factor = ldexp(1.0, shift);
+    else {
+        for (uint64_t i = 0; i < count; ++i) scaled[i] = ldexp(values[i], shift);
+        values = scaled;
+    }
+    nk_format_t f = nk_format_of(dtype);
+    uint32_t invalid = nk_invalid_code(dtype);
+#define NK_SCALED(i) (values[i] * factor)
+/* Encode every element, then (apart, so that both loops vectorize) check that each fit the format; a
+ * value that did not (only from a source changing meanwhile) is stored as the invalid code. */
+#define NK_STORE_CODES(type, code)                                                                                    \
+    do {                                                                                                               \
+        for (uint64_t i = 0; i < count; ++i) {                                                                         \
+            double x = NK_SCALED(i);                                                                                   \
+            ((type *)row)[start + i] = (type)(code);                                                                   \
+        }                                                                                                              \
+        finite = nk_span_fits(values, factor, count, f.max_finite);                                                    \
+        for (uint64_t i = 0; i < count && !finite; ++i)                                                                \
+            if (!(fabs(NK_SCALED(i)) <= f.max_finite)) ((type *)row)[start + i] = (type)invalid;                       \
+    } while (0)
+    switch (dtype) {
+    case nk_dtype_float64_k: {
+        double *out = (double *)row + start, top = *largest;
+        for (uint64_t i = 0; i < count; ++i) {
+            double x = NK_SCALED(i);
+            out[i] = x;
+            top = fabs(x) > top || x != x ? fabs(x) : top; /* a NaN stays */
+        }
+        *largest = top;
+        break;
+    }
+    case nk_dtype_float32_k: {
+        float *out = (float *)row + start;
+        for (uint64_t i = 0; i < count; ++i) {
+            out[i] = (float)NK_SCALED(i); /* C conversion rounds to nearest even */
+            finite &= fabsf(out[i]) <= FLT_MAX;
+        }
+        break;
+    }
+    case nk_dtype_float16_k:
+        /* x of at most 24 bits converts to float32 exactly, or (below 2^-126) to a float32 that rounds
+         * to the same zero: the branch-free float32 encoder applies. */
+        if (narrow) NK_STORE_CODES(uint16_t, nk_f16_from_f32((float)x));
+        else NK_STORE_CODES(uint16_t, nk_encode_minifloat(nk_f64_bits(x), f));
+        break;
+    case nk_dtype_bfloat16_k:
+        /* Unscaled, x is the float32 value itself (bfloat16 has float32's subnormals: exactness matters). */
+        if (narrow && shift == 0) NK_STORE_CODES(uint16_t, nk_bf16_from_f32((float)x));
+        else NK_STORE_CODES(uint16_t, nk_encode_minifloat(nk_f64_bits(x), f));
+        break;
+    default: NK_STORE_CODES(uint8_t, nk_encode_minifloat(nk_f64_bits(x), f)); break;
+    }
+#undef NK_STORE_CODES
+#undef NK_SCALED
+    return finite;
+}
+
+/* Derive inv_norms and the screening sections of one float-format row from its stored values: written, or
+ * (verify) compared bit for bit, which is how read-only buffers are trusted. 0 on mismatch. */
+static int nk_derive_float_row(nk_maxsim_header_t const *h, char *base, uint64_t row, int verify) {
+    int dtype = (int)h->dtype;
+    void const *values = base + h->values_offset + row * h->depth * nk_dtype_itemsize(dtype);
+    /* Spans are padded with zeros to a multiple of 4 and summed in 4 lanes, to break the
+     * dependency chain; the order is fixed, so packing and verification agree bit for bit. */
+    nk_span_t span;
+    span.holds_row = 0;
+    double squares[4] = {0.0, 0.0, 0.0, 0.0}, largest[4] = {0.0, 0.0, 0.0, 0.0};
+    for (uint64_t start = 0; start < h->depth; start += NK_SPAN) {
+        uint64_t count = h->depth - start < NK_SPAN ? h->depth - start : NK_SPAN;
+        nk_row_span(dtype, values, h->depth, start, (count + 3) / 4 * 4, &span);
+        for (uint64_t i = 0; i < count; i += 4) /* apart, so that the compiler vectorizes the sums */
+            for (int j = 0; j < 4; ++j) squares[j] += span.values[i + j] * span.values[i + j];
+        for (uint64_t i = 0; i < count; i += 4) /* in lanes too (stored values are finite: exact) */
+            for (int j = 0; j < 4; ++j) largest[j] = fabs(span.values[i + j]) > largest[j] ? fabs(span.values[i + j]) : largest[j];
+    }
+    double absmax = largest[0] > largest[1] ? largest[0] : largest[1];
+    absmax = largest[2] > absmax ? largest[2] : absmax;
+    absmax = largest[3] > absmax ? largest[3] : absmax;
+    double sum_squares = (squares[0] + squares[1]) + (squares[2] + squares[3]);
+    double inv_norm = sum_squares > 0.0 ? 1.0 / sqrt(sum_squares) : 0.0;
+    int same = nk_put(base + h->inv_norms_offset + row * sizeof(double), &inv_norm, sizeof(double), verify);
+
+    /* int8 copy of the unit row u: q = round(u / step), with step = max|u| / 127 as float32 or, for
+     * the minifloats, a power of two times inv_norm when that quantizes with a smaller error: their
+     * values are multiples of a power of two that grows with their exponent, so a power-of-two step
+     * just above max|x| / 127 reproduces every value but the smallest ones exactly (all of them for
+     * e2m3). A smaller error means fewer candidates for the kernels to rescore. */
+    float steps[2] = {(float)(absmax * inv_norm / 127.0), 0.0f};
+    if (dtype >= nk_dtype_e4m3_k && absmax > 0.0) {
+        int exponent;
+        double mantissa = frexp(absmax / 127.0, &exponent); /* in [0.5, 1) */
+        steps[1] = (float)(ldexp(1.0, mantissa == 0.5 ? exponent - 1 : exponent) * inv_norm);
+    }
+    double error_squares[2];
+    int8_t codes[2][NK_SPAN];
+    nk_quantize_row(dtype, values, h->depth, inv_norm, steps, &span, codes, error_squares);
+    int grid = steps[1] > 0.0f && error_squares[1] < error_squares[0];
+    float step = steps[grid];
+    double multiplier = step > 0.0f ? 1.0 / (double)step : 0.0;
+    /* The row's 4-byte groups are 4 x (rows in its tile) bytes apart in the screen section. */
+    uint64_t group_start = nk_screen_offset(h->vectors, h->screen_depth, row, 0);
+    uint64_t group_stride = h->screen_depth > 4 ? nk_screen_offset(h->vectors, h->screen_depth, row, 4) - group_start : 0;
+    uint8_t *screen = (uint8_t *)base + h->screen_offset + group_start;
+    int64_t sum = 0;
+    for (uint64_t start = 0; start < h->screen_depth; start += NK_SPAN) {
+        uint64_t count = h->screen_depth - start < NK_SPAN ? h->screen_depth - start : NK_SPAN;
+        int8_t const *row_codes = codes[grid];
+        int8_t fresh[NK_SPAN];
+        if (start) { /* only rows longer than a span are quantized again, span by span */
+            nk_row_span(dtype, values, h->depth, start, count, &span); /* depth padding is value 0 */
+            for (uint64_t i = 0; i < count; ++i) fresh[i] = (int8_t)nk_quantize(span.values[i] * inv_norm, multiplier);
+            row_codes = fresh;
+        }
+        for (uint64_t i = 0; i < count; i += 4, screen += group_stride) {
+            uint8_t group[4];
+            for (int j = 0; j < 4; ++j) {
+                sum += row_codes[i + j];
+                group[j] = (uint8_t)(row_codes[i + j] + 128);
+            }
+            same &= nk_put(screen, group, 4, verify);
+        }
+    }
+    /* Round the error bound up: the relative margin dwarfs float64 and float32 rounding. */
+    float error = (float)(sqrt(error_squares[grid]) * (1.0 + 1e-6) + 1e-30);
+    int32_t sum32 = (int32_t)sum;
+    same &= nk_put(base + h->screen_scales_offset + row * sizeof(float), &step, sizeof(float), verify);
+    same &= nk_put(base + h->screen_errors_offset + row * sizeof(float), &error, sizeof(float), verify);
+    same &= nk_put(base + h->screen_sums_offset + row * sizeof(int32_t), &sum32, sizeof(int32_t), verify);
+    return same;
+}
+
+/* Row `row` of a float format from `source_row` (source_dtype: the format itself, or float64, float32,
+ * float16 or bfloat16), then its derived sections. A row of the packing format is copied first and
+ * then only the copy is read, so a source that changes meanwhile cannot make the scale and the stored
+ * values disagree. nk_error_nonfinite_k for a row with a NaN or inf. */
+static nk_status_t nk_pack_float_row(nk_maxsim_header_t const *h, char *base, uint64_t row, int source_dtype,
+                                     void const *source_row) {
+    int dtype = (int)h->dtype, casting = source_dtype != dtype;
+    uint64_t depth = h->depth;
+    size_t itemsize = nk_dtype_itemsize(dtype);
+    void *target_row = base + h->values_offset + row * depth * itemsize;
+    double absmax, span[NK_SPAN];
+    if (!casting) memcpy(target_row, source_row, depth * itemsize);
+    void const *row_values = casting ? source_row : target_row;
+    if (!nk_row_absmax(source_dtype, row_values, depth, &absmax, span)) return nk_error_nonfinite_k;
+    int shift = nk_row_scale_exponent(dtype, casting, absmax), valid = 1;
+    double largest = 0.0;
+    for (uint64_t start = 0; start < depth && (casting || shift); start += NK_SPAN) {
+        uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN;
+        if (depth > NK_SPAN) nk_decode_span(source_dtype, row_values, start, count, span); /* else still there */
+        valid &= nk_store_span(dtype, target_row, start, count, span, shift, source_dtype != nk_dtype_float64_k,
+                               &largest);
+    }
+    /* What is stored is what scoring reads: a cast source that changed while it was read could
+     * have overflowed the format (stored as a non-finite code), so check the row as stored (as
+     * nk_float_row_is_valid would, from the values the stores saw). */
+    if (casting && !(valid && largest <= DBL_MAX && nk_row_scale_exponent(dtype, 0, largest) == 0))
+        return nk_error_nonfinite_k;
+    nk_derive_float_row(h, base, row, 0); /* while the row is in cache */
+    return nk_ok_k;
+}
+
+nk_pack_rows_t const NK_PACK_ROWS_NAME = {nk_pack_float_row, nk_derive_float_row, nk_float_row_is_valid};
+
+#endif /* NUMKONG_PACK_ROWS_H */
