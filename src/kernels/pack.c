@@ -273,17 +273,27 @@ nk_status_t nk_maxsim_dequantize(nk_maxsim_matrix_t const *matrix, uint64_t firs
     return nk_ok_k;
 }
 
+#ifdef NK_HAVE_PACK_HASWELL
+extern nk_pack_rows_t const nk_pack_rows_haswell;
+#endif
 #ifdef NK_HAVE_PACK_SKYLAKE
 extern nk_pack_rows_t const nk_pack_rows_skylake;
 #endif
 
 /* The row routines to pack with under `capabilities` (the caller's restriction, or every family): the
- * AVX-512 compilation when an AVX-512 family is allowed and this CPU has it, else the portable one;
- * both store the same bytes. */
+ * widest compilation that one of the allowed families covers and this CPU runs, else the portable
+ * one; all store the same bytes. */
 static nk_pack_rows_t const *nk_pack_rows_for(uint64_t capabilities) {
+    uint64_t available = nk_capabilities_available();
+    (void)available;
 #ifdef NK_HAVE_PACK_SKYLAKE
-    uint64_t avx512 = nk_cap_skylake_k | nk_cap_icelake_k | nk_cap_sapphireamx_k;
-    if ((capabilities & avx512) && (nk_capabilities_available() & nk_cap_skylake_k)) return &nk_pack_rows_skylake;
+    if ((capabilities & (nk_cap_skylake_k | nk_cap_icelake_k | nk_cap_sapphireamx_k)) && (available & nk_cap_skylake_k))
+        return &nk_pack_rows_skylake;
+#endif
+#ifdef NK_HAVE_PACK_HASWELL
+    if ((capabilities & (nk_cap_haswell_k | nk_cap_skylake_k | nk_cap_icelake_k | nk_cap_sapphireamx_k)) &&
+        (available & nk_cap_haswell_k))
+        return &nk_pack_rows_haswell;
 #endif
     (void)capabilities;
     return &nk_pack_rows_serial;

@@ -1,8 +1,9 @@
 /* The packer's float-format row routines: rounding to the packing formats, the largest-magnitude
  * check, the screening copy and the derived sections of one row. Included by pack.c (the portable
  * build, table nk_pack_rows_serial) and compiled again by pack_rows.c with a SIMD family's flags:
- * the same C under -ffp-contract=off gives the same bytes, only in wider vectors (float32 packing
- * 1.75x faster with AVX-512). NK_PACK_ROWS_NAME names the table this compilation exports. */
+ * the same C under -ffp-contract=off gives the same bytes, only in wider vectors (180 x 128 float32
+ * rows pack to float32, bfloat16 or float16 about 1.5x faster with AVX2 or AVX-512 than with the
+ * portable build). NK_PACK_ROWS_NAME names the table this compilation exports. */
 #ifndef NUMKONG_PACK_ROWS_H
 #define NUMKONG_PACK_ROWS_H
 #include <float.h>
