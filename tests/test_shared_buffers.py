@@ -312,7 +312,7 @@ def test_a_concurrent_writer_cannot_plant_inf_in_a_pack(dtype):
     itself (already in the packing format, so it is not copied first): each pack is either refused or
     stores finite values (it then loads and scores)."""
     # Long rows widen the window between checking a row and storing it (the old packer stored an inf in
-    # about 1 pack in 100 of this float16 array).
+    # about 1 pack in 100 of this float16 array: 500 packs all miss with probability 0.99^500 < 1 %).
     source = np.random.default_rng(4).standard_normal((8, 16384)).astype(NUMPY_DTYPES[dtype])
     stop = threading.Event()
 
@@ -325,7 +325,7 @@ def test_a_concurrent_writer_cannot_plant_inf_in_a_pack(dtype):
     writer.start()
     refused = stored = 0
     try:
-        for _ in range(1000):
+        for _ in range(500):
             try:
                 packed = nk.maxsim_pack(source, dtype)
             except ValueError as error:
@@ -338,7 +338,7 @@ def test_a_concurrent_writer_cannot_plant_inf_in_a_pack(dtype):
     finally:
         stop.set()
         writer.join()
-    assert refused + stored == 1000
+    assert refused + stored == 500
 
 
 # ---- portable capability masks ----
