@@ -147,7 +147,6 @@ nk_status_t nk_maxsim_info(void const *buf, nk_maxsim_info_t *info) {
     return nk_ok_k;
 }
 
-
 /* ---- Integer formats: tiled values, exact integer norms. ---- */
 
 static uint64_t nk_integer_row_bytes(nk_maxsim_header_t const *h) { return h->screen_depth / nk_integer_word_depths((int)h->dtype) * 4; }
@@ -313,7 +312,6 @@ static int nk_derive_all(nk_maxsim_header_t const *h, char *base, int verify) {
     return 1;
 }
 
-
 /* Zero the bytes of a float format's buffer that no row writes: the header's tail, the alignment gaps
  * between sections and after the last. */
 static void nk_zero_gaps(nk_maxsim_header_t const *h, char *base) {
@@ -353,25 +351,17 @@ nk_status_t nk_maxsim_pack(void const *src, int source_dtype, int64_t row_stride
     if (nk_dtype_is_integer(dtype)) memset(base, 0, h.nbytes);
     else nk_zero_gaps(&h, base);
     memcpy(base, &h, sizeof(h));
-    if (nk_dtype_is_integer(dtype)) {
-        for (uint64_t row = 0; row < vectors; ++row) {
-            status = nk_pack_integer_row(&h, base, row, source_dtype, (char const *)src + (int64_t)row * row_stride);
-            if (status != nk_ok_k) {
-                if (bad_row) *bad_row = row;
-                return status;
-            }
-        }
-        nk_derive_all(&h, base, 0);
-        return nk_ok_k;
-    }
-    nk_pack_rows_t const *rows = nk_pack_rows_for(capabilities);
+    /* A float row derives its sections as it is stored; integer rows get their norms afterwards. */
+    nk_status_t (*pack_row)(nk_maxsim_header_t const *, char *, uint64_t, int, void const *) =
+        nk_dtype_is_integer(dtype) ? nk_pack_integer_row : nk_pack_rows_for(capabilities)->pack_float_row;
     for (uint64_t row = 0; row < vectors; ++row) {
-        status = rows->pack_float_row(&h, base, row, source_dtype, (char const *)src + (int64_t)row * row_stride);
+        status = pack_row(&h, base, row, source_dtype, (char const *)src + (int64_t)row * row_stride);
         if (status != nk_ok_k) {
             if (bad_row) *bad_row = row;
             return status;
         }
     }
+    if (nk_dtype_is_integer(dtype)) nk_derive_all(&h, base, 0);
     return nk_ok_k;
 }
 
