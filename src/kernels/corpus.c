@@ -368,30 +368,24 @@ typedef struct nk_corpus_job {
  * the current one: a corpus comes from memory, not from cache. */
 #define NK_CORPUS_CLAIM 4u
 
-/* Prefetch a document's small per-row sections (its bulk, next_bytes, is prefetched by the kernel
- * scoring the document before it, a share at a time: nk_prefetch_share). */
-static void nk_corpus_prefetch(nk_maxsim_view_t const *document) {
-    char const *sections[2][2] = {{NULL, NULL}, {NULL, NULL}};
-    if (document->inv_norms) { /* float formats: inv_norms, then (after the screen) scales, errors and sums */
-        sections[0][0] = (char const *)document->inv_norms;
-        sections[0][1] = (char const *)(document->inv_norms + document->vectors);
-        sections[1][0] = (char const *)document->screen_scales;
-        sections[1][1] = (char const *)(document->screen_sums + document->vectors);
-    }
-    else if (document->norms2) { /* int8, int4: the norms and scales, after the values */
-        sections[0][0] = (char const *)document->norms2;
-        sections[0][1] = (char const *)(document->scales + document->vectors);
-    }
-    for (int s = 0; s < 2; ++s)
-        for (char const *at = sections[s][0]; at && at < sections[s][1]; at += 64) nk_prefetch_l2(at);
+static void nk_corpus_prefetch_range(void const *first, void const *end) {
+    for (char const *at = (char const *)first; at < (char const *)end; at += 64) nk_prefetch_l2(at);
 }
 
-/* What a kernel reads first of `document`, for the document before it to prefetch. */
-static void nk_corpus_first_reads(nk_maxsim_view_t const *document, uint8_t const **bytes, uint64_t *count) {
-    if (document->inv_norms) /* float formats: the screen */
-        *bytes = document->screen, *count = document->vectors * document->screen_depth;
-    else /* integer formats: the tiled values */
-        *bytes = (uint8_t const *)document->values, *count = document->vectors * document->row_bytes;
+/* Prefetch the small per-row sections of `document`, the successor of `previous` in a walk, and name
+ * its bulk (what its kernel reads first) in previous->next_bytes: the kernel scoring `previous`
+ * prefetches that a share at a time (nk_prefetch_share). */
+static void nk_corpus_prefetch(nk_maxsim_view_t const *document, nk_maxsim_view_t *previous) {
+    uint64_t n = document->vectors;
+    if (document->inv_norms) { /* float formats: inv_norms, then (after the screen) scales, errors, sums */
+        nk_corpus_prefetch_range(document->inv_norms, document->inv_norms + n);
+        nk_corpus_prefetch_range(document->screen_scales, document->screen_sums + n);
+        previous->next_bytes = document->screen, previous->next_count = n * document->screen_depth;
+        return;
+    }
+    if (document->norms2) /* int8, int4: the norms and scales, after the values (uint1 has neither) */
+        nk_corpus_prefetch_range(document->norms2, document->scales + n);
+    previous->next_bytes = (uint8_t const *)document->values, previous->next_count = n * document->row_bytes;
 }
 
 static void nk_corpus_view(nk_corpus_t const *corpus, uint64_t index, nk_maxsim_view_t *view) {
@@ -437,8 +431,7 @@ static int nk_corpus_walk_next(nk_corpus_walk_t *walk) {
     }
     if (successor < documents) {
         nk_corpus_view(walk->corpus, successor, &walk->upcoming);
-        nk_corpus_prefetch(&walk->upcoming);
-        nk_corpus_first_reads(&walk->upcoming, &walk->current.next_bytes, &walk->current.next_count);
+        nk_corpus_prefetch(&walk->upcoming, &walk->current);
     }
     return 1;
 }
