@@ -393,7 +393,7 @@ static double nk_driver_bound_pass(nk_maxsim_view_t const *q, nk_maxsim_view_t c
     double bound = 0.0;
     for (uint64_t first = 0; first < q->vectors; first += NK_DRIVER_ROWS) {
         uint64_t rows = q->vectors - first < NK_DRIVER_ROWS ? q->vectors - first : NK_DRIVER_ROWS;
-        nk_prefetch_share(d, first / NK_DRIVER_ROWS, (q->vectors + NK_DRIVER_ROWS - 1) / NK_DRIVER_ROWS);
+        nk_prefetch_share(d, first, NK_DRIVER_ROWS, q->vectors);
         nk_driver_group_init(q, first, rows, group);
         if (!group->live) {
             bound += (double)rows;
@@ -422,7 +422,7 @@ static double nk_driver_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t const
     }
     for (uint64_t first = 0; first < q->vectors; first += NK_DRIVER_ROWS) {
         uint64_t rows = q->vectors - first < NK_DRIVER_ROWS ? q->vectors - first : NK_DRIVER_ROWS;
-        nk_prefetch_share(d, first / NK_DRIVER_ROWS, (q->vectors + NK_DRIVER_ROWS - 1) / NK_DRIVER_ROWS);
+        nk_prefetch_share(d, first, NK_DRIVER_ROWS, q->vectors);
         nk_driver_group_init(q, first, rows, &group);
         if (group.live) {
             nk_family_prepare(q, d, first, rows, &query);

@@ -172,8 +172,7 @@ static double nk_integer_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
                 }
             for (uint64_t first = chunk; first < chunk + chunk_rows; first += NK_INTEGER_ROWS) {
                 uint64_t rows = chunk + chunk_rows - first < NK_INTEGER_ROWS ? chunk + chunk_rows - first : NK_INTEGER_ROWS;
-                if (first_doc == 0)
-                    nk_prefetch_share(d, first / NK_INTEGER_ROWS, (q->vectors + NK_INTEGER_ROWS - 1) / NK_INTEGER_ROWS);
+                if (first_doc == 0) nk_prefetch_share(d, first, NK_INTEGER_ROWS, q->vectors);
                 for (uint64_t r = 0; r < NK_INTEGER_ROWS; ++r) /* a zero row's cosines are 0: distance 1 below */
                     inv_q[r] = binary || r >= rows ? 0.0 : nk_integer_inv_norm(q->norms2[first + r]);
                 for (uint64_t w0 = 0; w0 < stored_words; w0 += NK_INTEGER_CHUNK_WORDS) {
