@@ -54,6 +54,9 @@ def test_search_on_a_local_cluster_equals_one_process(tmp_path):
             Client(cluster) as client:
         indices, scores = distributed.search(client, sharded, queries, k=10)
         single_indices, single_scores = distributed.search(client, str(tmp_path / "c"), queries[0], k=3)
+        # Back-to-back searches of one query: each must scatter it anew, not reuse a key being released.
+        repeated = [distributed.search(client, sharded, queries[0], k=3) for _ in range(10)]
+    assert all(np.array_equal(i, single_indices) and np.array_equal(s, single_scores) for i, s in repeated)
     assert np.array_equal(indices, expected_indices) and np.array_equal(scores, expected_scores)  # bit for bit
     assert indices[0][0] == 17
     assert np.array_equal(single_indices, expected_indices[0, :3])

@@ -195,7 +195,9 @@ def search(client, corpus, queries, k, *, threads_per_shard=1, verify=True, quer
     workers = sorted(client.scheduler_info()["workers"])
     batches = []
     for start in range(0, len(packed), query_batch):
-        remote = client.scatter(packed[start:start + query_batch], broadcast=True)
+        # hash=False: content-derived keys would let a later search reuse the key of an earlier one's
+        # scattered query, which the scheduler may be releasing meanwhile ('lost dependencies').
+        remote = client.scatter(packed[start:start + query_batch], broadcast=True, hash=False)
         futures = [client.submit(_search_shard, corpus.shard_path(i), shard["first_document"], remote, k,
                                  threads_per_shard, verify, workers=[workers[i % len(workers)]],
                                  allow_other_workers=True, pure=False)
