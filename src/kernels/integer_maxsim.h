@@ -18,9 +18,11 @@
  * accumulates popcount(query word ^ document word), the Hamming distance.
  *
  * A family may define, before including this header (else portable C, vectorized by its flags):
- *   void nk_family_integer_prepare(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows,
- *                                  uint64_t first_word, uint64_t count, int32_t *words, int32_t *bias)
- *       The group's words as above, and bias[r] over those words (what nk_integer_prepare_portable does).
+ *   void nk_family_integer_prepare(int dtype, uint8_t const *source, uint64_t step, uint64_t rows,
+ *                                  uint64_t count, int32_t *words, int32_t *bias)
+ *       The group's words as above from its `count` stored words (the first at `source`, `step` bytes
+ *       apart, each 4 x rows adjacent bytes: nk_integer_group_words), and bias[r] over those words
+ *       (what nk_integer_prepare_portable does).
  *   void nk_family_integer_block(int dtype, int32_t const *words, nk_maxsim_view_t const *d,
  *                                uint64_t first_doc, uint64_t docs, uint64_t first_word, uint64_t count,
  *                                int accumulate, int finish, int32_t const *bias, double const *inv_q,
@@ -65,11 +67,8 @@ static inline int32_t nk_integer_byte_sum(uint32_t word) {
  * `first` is a multiple of NK_INTEGER_ROWS, so the group's rows are adjacent lanes of one tile and
  * each stored word of theirs is 4 x rows adjacent bytes. */
 #ifndef nk_family_integer_prepare
-static void nk_integer_prepare_portable(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows, uint64_t first_word,
-                                        uint64_t count, int32_t *words, int32_t *bias) {
-    int dtype = (int)q->dtype;
-    uint64_t step;
-    uint8_t const *source = nk_integer_group_words(q, first, first_word, &step);
+static void nk_integer_prepare_portable(int dtype, uint8_t const *source, uint64_t step, uint64_t rows, uint64_t count,
+                                        int32_t *words, int32_t *bias) {
     int32_t sums[NK_INTEGER_ROWS] = {0};
     for (uint64_t w = 0; w < count; ++w, source += step) {
         uint32_t raw[NK_INTEGER_ROWS] = {0};
@@ -177,7 +176,9 @@ static double nk_integer_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
                     inv_q[r] = binary || r >= rows ? 0.0 : nk_integer_inv_norm(q->norms2[first + r]);
                 for (uint64_t w0 = 0; w0 < stored_words; w0 += NK_INTEGER_CHUNK_WORDS) {
                     uint64_t count = stored_words - w0 < NK_INTEGER_CHUNK_WORDS ? stored_words - w0 : NK_INTEGER_CHUNK_WORDS;
-                    nk_family_integer_prepare(q, first, rows, w0, count, words, bias);
+                    uint64_t step;
+                    uint8_t const *source = nk_integer_group_words(q, first, w0, &step);
+                    nk_family_integer_prepare(dtype, source, step, rows, count, words, bias);
                     nk_family_integer_block(dtype, words, d, first_doc, docs, w0, count, w0 != 0,
                                             w0 + count == stored_words, bias, inv_q, inv_d, dots, best + (first - chunk));
                 }

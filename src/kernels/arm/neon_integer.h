@@ -19,11 +19,8 @@
 
 /* integer_maxsim.h's nk_family_integer_prepare. The group's 8 rows of one stored word are 32
  * adjacent bytes, row r in bytes 4r .. 4r + 3; rows past `rows` come out as zeros. */
-static void nk_arm_integer_prepare(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows, uint64_t first_word,
-                                   uint64_t count, int32_t *words, int32_t *bias) {
-    int dtype = (int)q->dtype;
-    uint64_t step;
-    uint8_t const *source = nk_integer_group_words(q, first, first_word, &step);
+static void nk_arm_integer_prepare(int dtype, uint8_t const *source, uint64_t step, uint64_t rows, uint64_t count,
+                                   int32_t *words, int32_t *bias) {
     uint8_t const byte_index[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     uint8x16_t index = vld1q_u8(byte_index), present = vdupq_n_u8((uint8_t)(4 * rows));
     uint8x16_t keep_low = vcltq_u8(index, present), keep_high = vcltq_u8(vaddq_u8(index, vdupq_n_u8(16)), present);

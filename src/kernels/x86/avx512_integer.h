@@ -49,11 +49,8 @@ NK_INLINE void nk_x512_integer_step(int dtype, int32_t const *words, uint8_t con
 /* integer_maxsim.h's prepared words of a query group: the group's 8 rows of one stored word are 32
  * adjacent bytes; their signed bytes are stored as they are (int8) or as two words of nibbles (int4),
  * and summed by vpdpbusd against bytes of 1. */
-static void nk_x512_integer_prepare(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows, uint64_t first_word,
-                                    uint64_t count, int32_t *words, int32_t *bias) {
-    int dtype = (int)q->dtype;
-    uint64_t step;
-    uint8_t const *source = nk_integer_group_words(q, first, first_word, &step);
+static void nk_x512_integer_prepare(int dtype, uint8_t const *source, uint64_t step, uint64_t rows, uint64_t count,
+                                    int32_t *words, int32_t *bias) {
     __mmask8 present = rows >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << rows) - 1u);
     __mmask32 present_bytes = rows >= 8 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (4 * rows)) - 1u);
     __m256i sums = _mm256_setzero_si256(), ones = _mm256_set1_epi8(1), nibble = _mm256_set1_epi8(0x0F);
