@@ -146,6 +146,13 @@ double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *
 double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 
+/* A SIMD family's kernel, defined after its driver.h and integer_maxsim.h: the integer formats go to
+ * nk_integer_maxsim, the float formats to nk_driver_maxsim. */
+#define NK_FAMILY_KERNEL(name)                                                                          \
+    double name(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {                                 \
+        return nk_dtype_is_integer((int)q->dtype) ? nk_integer_maxsim(q, d) : nk_driver_maxsim(q, d); \
+    }
+
 /* The header (every section offset) of a matrix of (vectors, depth, dtype): the one source of the
  * layout, for packing, validation and views. nk_error_argument_k for an unknown dtype,
  * nk_error_overflow_k when a size does not fit. */

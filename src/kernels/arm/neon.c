@@ -103,15 +103,13 @@ static void nk_neon_screen(nk_arm_group_t *group, float const *growth, uint64_t 
     }
     nk_arm_finish(growth, rows, d, first_doc, docs, u, top);
 }
-
 #define nk_family_query_t nk_arm_group_t
 #define nk_family_prepare nk_arm_prepare
 #define nk_family_screen nk_neon_screen
+
 #include "driver.h"
 
 #include "neon_integer.h"
 #include "integer_maxsim.h"
 
-double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    return nk_dtype_is_integer((int)q->dtype) ? nk_integer_maxsim(q, d) : nk_driver_maxsim(q, d);
-}
+NK_FAMILY_KERNEL(nk_maxsim_neon)

@@ -36,6 +36,7 @@ typedef struct nk_sve_query {
     nk_arm_group_t group;
     nk_sve_column_t columns[NK_SVE_MAX_COLUMNS];
 } nk_sve_query_t;
+#define nk_family_query_t nk_sve_query_t
 
 /* Columns of documents [first_doc, first_doc + docs) of a section tiled by 16 rows of `row_bytes`
  * (the screen: screen_depth; integer values: row_bytes); first_doc is a multiple of 16. */
@@ -55,6 +56,19 @@ static unsigned nk_sve_columns(uint64_t row_bytes, uint64_t first_doc, uint64_t 
     return count;
 }
 
+/* A column pair's set-up (b may be absent: its predicates all false, its pointers a's, its stride 0):
+ * load and keep predicates, the columns' words in `base` from word `first_word` and their strides,
+ * and their outputs in `out` (of `type`). A macro: sizeless SVE predicates cannot be returned. */
+#define NK_SVE_PAIR_SETUP(a, b, base, first_word, type, out)                                                   \
+    svbool_t load_a = svwhilelt_b8_u32(0, (a)->bytes);                                                         \
+    svbool_t load_b = (b) ? svwhilelt_b8_u32(0, (b)->bytes) : svpfalse_b();                                    \
+    svbool_t keep_a = svwhilelt_b32_u32(0, (a)->bytes / 4);                                                    \
+    svbool_t keep_b = (b) ? svwhilelt_b32_u32(0, (b)->bytes / 4) : svpfalse_b();                               \
+    uint8_t const *doc_a = (base) + (a)->offset + (first_word) * (a)->stride;                                  \
+    uint8_t const *doc_b = (b) ? (base) + (b)->offset + (first_word) * (b)->stride : doc_a;                    \
+    uint64_t stride_a = (a)->stride, stride_b = (b) ? (b)->stride : 0;                                         \
+    type *out_a = (out) + (a)->first, *out_b = (b) ? (out) + (b)->first : out_a
+
 /* Raw sums (neon_shared.h) of the 8 query rows with the documents of columns a and b (b may be
  * absent: its predicates are then all false and it touches no memory), over depth groups
  * [g0, g0 + groups), into (or added to) sums[r * BLOCK + first + lane]. 8 x 2 accumulators +
@@ -62,12 +76,7 @@ static unsigned nk_sve_columns(uint64_t row_bytes, uint64_t first_doc, uint64_t 
 NK_INLINE void nk_sve_screen_pair(uint8_t const *screen, nk_sve_column_t const *a, nk_sve_column_t const *b,
                                   uint64_t g0, uint64_t groups, uint8_t const *query, int accumulate,
                                   uint32_t const *start, float *sums) {
-    svbool_t load_a = svwhilelt_b8_u32(0, a->bytes), load_b = b ? svwhilelt_b8_u32(0, b->bytes) : svpfalse_b();
-    svbool_t keep_a = svwhilelt_b32_u32(0, a->bytes / 4), keep_b = b ? svwhilelt_b32_u32(0, b->bytes / 4) : svpfalse_b();
-    uint8_t const *doc_a = screen + a->offset + g0 * a->stride;
-    uint8_t const *doc_b = b ? screen + b->offset + g0 * b->stride : doc_a;
-    uint64_t stride_a = a->stride, stride_b = b ? b->stride : 0;
-    float *out_a = sums + a->first, *out_b = b ? sums + b->first : out_a;
+    NK_SVE_PAIR_SETUP(a, b, screen, g0, float, sums);
     /* Sizeless SVE types cannot live in arrays, hence the spelled-out rows. */
 #define NK_SVE_INIT(r, rows, lane)                                                                             \
     svuint32_t acc_a##r = accumulate ? svreinterpret_u32_f32(svld1_f32(keep_a, out_a + r * NK_ARM_BLOCK_DOCS)) \
@@ -98,6 +107,7 @@ static void nk_sve_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
                            nk_sve_query_t *query) {
     nk_arm_prepare(q, d, first, rows, &query->group);
 }
+#define nk_family_prepare nk_sve_prepare
 
 /* Raw sums of the query group with the block's columns over depth groups [g0, g0 + groups), into (or
  * added to) `sums`; a function of its own, so the micro-kernel's registers are allocated alone. */
@@ -121,10 +131,8 @@ static void nk_sve_screen(nk_sve_query_t *query, float const *growth, uint64_t r
     }
     nk_arm_finish(growth, rows, d, first_doc, docs, u, top);
 }
-
-#define nk_family_query_t nk_sve_query_t
-#define nk_family_prepare nk_sve_prepare
 #define nk_family_screen nk_sve_screen
+
 #include "driver.h"
 
 /* ---- Integer formats (integer_maxsim.h): SVE's own block over the same columns. ----
@@ -143,12 +151,7 @@ static void nk_sve_screen(nk_sve_query_t *query, float const *growth, uint64_t r
 NK_INLINE void nk_sve_integer_pair(int const dtype, int32_t const *words, uint8_t const *values,
                                    nk_sve_column_t const *a, nk_sve_column_t const *b, uint64_t first_word,
                                    uint64_t count, int accumulate, int32_t *dots) {
-    svbool_t load_a = svwhilelt_b8_u32(0, a->bytes), load_b = b ? svwhilelt_b8_u32(0, b->bytes) : svpfalse_b();
-    svbool_t keep_a = svwhilelt_b32_u32(0, a->bytes / 4), keep_b = b ? svwhilelt_b32_u32(0, b->bytes / 4) : svpfalse_b();
-    uint8_t const *doc_a = values + a->offset + first_word * a->stride;
-    uint8_t const *doc_b = b ? values + b->offset + first_word * b->stride : doc_a;
-    uint64_t stride_a = a->stride, stride_b = b ? b->stride : 0;
-    int32_t *out_a = dots + a->first, *out_b = b ? dots + b->first : out_a;
+    NK_SVE_PAIR_SETUP(a, b, values, first_word, int32_t, dots);
     uint64_t per_word = dtype == nk_dtype_int4_k ? 2 * NK_INTEGER_ROWS : NK_INTEGER_ROWS;
 #define NK_SVE_INTEGER_INIT(r, rows, lane)                                                                    \
     svint32_t acc_a##r = accumulate ? svld1_s32(keep_a, out_a + r * NK_INTEGER_BLOCK) : svdup_n_s32(0);       \
@@ -237,6 +240,4 @@ static void nk_sve_integer_block(int dtype, int32_t const *words, nk_maxsim_view
 
 #include "integer_maxsim.h"
 
-double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    return nk_dtype_is_integer((int)q->dtype) ? nk_integer_maxsim(q, d) : nk_driver_maxsim(q, d);
-}
+NK_FAMILY_KERNEL(nk_maxsim_sve)

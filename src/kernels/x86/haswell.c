@@ -18,6 +18,8 @@
 #define NK_HSW_BLOCK_ROWS 4        /* query rows per register block (8 accumulators of 8 lanes) */
 #define NK_HSW_BLOCKS (NK_HSW_ROWS / NK_HSW_BLOCK_ROWS)
 #define NK_HSW_BLOCK_DOCS 1024u    /* document rows per block of bounds; larger blocks rescore less */
+#define NK_DRIVER_ROWS NK_HSW_ROWS
+#define NK_DRIVER_BLOCK NK_HSW_BLOCK_DOCS
 #define NK_HSW_CHUNK_GROUPS 256u   /* 4-byte depth groups prepared at once (depth 1024): the words
                                       * (16 KB) and a tile's bytes (16 KB) fit a Haswell L1 */
 #define NK_HSW_WORDS 8u            /* prepared int32 words per register block and depth group */
@@ -40,6 +42,7 @@ typedef struct nk_hsw_group {
     unsigned live_blocks; /* register blocks with a nonzero row (bit s) */
     int words_ready;      /* the whole depth is in `words` (one chunk) */
 } nk_hsw_group_t;
+#define nk_family_query_t nk_hsw_group_t
 
 /* Tagged bounds: the low 6 mantissa bits of u replaced by its 16-document tile within the block
  * (up to 64 tiles), so a per-lane maximum names a document whose u is within 2^-17 (relative) of
@@ -226,6 +229,7 @@ static void nk_hsw_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
     group->words_ready = d->screen_depth / 4 <= NK_HSW_CHUNK_GROUPS;
     if (group->words_ready) nk_hsw_prepare_chunk(group, 0, d->screen_depth / 4);
 }
+#define nk_family_prepare nk_hsw_prepare
 
 /* Documents [first_doc, first_doc + docs) against the group, tile by tile so that a tile's bytes
  * stay in L1 for both register blocks. A register block without a nonzero row is skipped: the
@@ -265,6 +269,7 @@ static void nk_hsw_screen(nk_hsw_group_t *group, float const *growth, uint64_t r
     for (unsigned r = 0; r < rows; ++r)
         top[r] = group->live_blocks >> (r / NK_HSW_BLOCK_ROWS) & 1 ? nk_hsw_tagged_top(group->top[r], docs) : -1;
 }
+#define nk_family_screen nk_hsw_screen
 
 /* driver.h's compares: 8 floats per vector, one movemask bit per document. */
 NK_INLINE int nk_hsw_any_hit4(float const *tile_u, __m256 cut) {
@@ -279,6 +284,11 @@ NK_INLINE uint64_t nk_hsw_hit_bits(float const *tile_u, __m256 cut) {
     __m256 high = _mm256_cmp_ps(_mm256_load_ps(tile_u + 8), cut, _CMP_GE_OQ);
     return (uint64_t)((unsigned)_mm256_movemask_ps(low) | (unsigned)_mm256_movemask_ps(high) << 8);
 }
+#define nk_family_cut_t __m256
+#define nk_family_cut _mm256_set1_ps
+#define nk_family_any_hit4 nk_hsw_any_hit4
+#define nk_family_hit_bits nk_hsw_hit_bits
+#define NK_FAMILY_BITS_PER_DOC 1
 
 /* driver.h's batch of exact dot products: avx2_dot.h's function for the dtype, pair by pair. */
 static void nk_hsw_dot_batch(int dtype, void const *const *a, void const *const *b, unsigned n, uint64_t depth,
@@ -286,22 +296,10 @@ static void nk_hsw_dot_batch(int dtype, void const *const *a, void const *const 
     nk_dot_fn dot = nk_dot_for((uint32_t)dtype);
     for (unsigned k = 0; k < n; ++k) out[k] = dot ? dot(a[k], b[k], depth) : 0.0; /* the dispatcher checks dtype */
 }
-
-#define NK_DRIVER_ROWS NK_HSW_ROWS
-#define NK_DRIVER_BLOCK NK_HSW_BLOCK_DOCS
-#define nk_family_query_t nk_hsw_group_t
-#define nk_family_prepare nk_hsw_prepare
-#define nk_family_screen nk_hsw_screen
-#define nk_family_cut_t __m256
-#define nk_family_cut _mm256_set1_ps
-#define nk_family_any_hit4 nk_hsw_any_hit4
-#define nk_family_hit_bits nk_hsw_hit_bits
-#define NK_FAMILY_BITS_PER_DOC 1
 #define nk_family_dot_batch nk_hsw_dot_batch
+
 #include "driver.h"
 
 #include "integer_maxsim.h"
 
-double nk_maxsim_haswell(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    return nk_dtype_is_integer((int)q->dtype) ? nk_integer_maxsim(q, d) : nk_driver_maxsim(q, d);
-}
+NK_FAMILY_KERNEL(nk_maxsim_haswell)

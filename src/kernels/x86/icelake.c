@@ -14,6 +14,8 @@
 #define NK_ICE_ROWS 8              /* query rows per group = accumulator rows of the micro-kernel */
 #define NK_ICE_TILES 3             /* 16-row document tiles per micro-kernel call: 8 x 3 accumulators */
 #define NK_ICE_BLOCK_DOCS 1024u    /* document rows per block of bounds; larger blocks rescore less */
+#define NK_DRIVER_ROWS NK_ICE_ROWS
+#define NK_DRIVER_BLOCK NK_ICE_BLOCK_DOCS
 #define NK_ICE_CHUNK_GROUPS 256u   /* 4-byte depth groups per pass over the query buffer (depth 1024) */
 
 /* ---- Screening. ----
@@ -35,6 +37,7 @@ typedef struct nk_ice_group {
     uint64_t first;
     int words_ready; /* the whole depth is in `words` (one chunk) */
 } nk_ice_group_t;
+#define nk_family_query_t nk_ice_group_t
 
 /* Documents of `tiles` adjacent 16-row tiles (full tiles `tile_stride` bytes apart, 64 bytes per
  * depth group; the first is tile `first_tile` of the block) against the 8 query rows, over `groups`
@@ -250,6 +253,7 @@ static void nk_ice_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
     group->words_ready = d->screen_depth / 4 <= NK_ICE_CHUNK_GROUPS;
     if (group->words_ready) nk_ice_load_query_groups(q, first, 0, d->screen_depth / 4, group->words);
 }
+#define nk_family_prepare nk_ice_prepare
 
 static void nk_ice_screen(nk_ice_group_t *group, float const *growth, uint64_t rows, nk_maxsim_view_t const *d,
                           uint64_t first_doc, uint64_t docs, float *u, int32_t *top) {
@@ -257,18 +261,12 @@ static void nk_ice_screen(nk_ice_group_t *group, float const *growth, uint64_t r
     nk_ice_screen_block(group->q, d, group->first, first_doc, docs, group->words, group->words_ready, u, group);
     nk_x512_read_tops(group->top, rows, docs, top);
 }
-
-#define NK_DRIVER_ROWS NK_ICE_ROWS
-#define NK_DRIVER_BLOCK NK_ICE_BLOCK_DOCS
-#define nk_family_query_t nk_ice_group_t
-#define nk_family_prepare nk_ice_prepare
 #define nk_family_screen nk_ice_screen
+
 #include "avx512_rescoring.h"
 #include "driver.h"
 
 #include "avx512_integer.h"
 #include "integer_maxsim.h"
 
-double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    return nk_dtype_is_integer((int)q->dtype) ? nk_integer_maxsim(q, d) : nk_driver_maxsim(q, d);
-}
+NK_FAMILY_KERNEL(nk_maxsim_icelake)

@@ -23,6 +23,8 @@
 
 #define NK_SAMX_ROWS 32u           /* query rows per group: two query tiles */
 #define NK_SAMX_BLOCK_DOCS 512u    /* document rows per block (a multiple of 64) */
+#define NK_DRIVER_ROWS NK_SAMX_ROWS
+#define NK_DRIVER_BLOCK NK_SAMX_BLOCK_DOCS
 #define NK_SAMX_ROW_BYTES (4u * NK_SAMX_BLOCK_DOCS) /* bytes from one row of u to the next */
 #define NK_SAMX_CHUNK_STEPS 12u    /* 64-deep steps per pass over the A buffer: depth 768 in one pass */
 #define NK_SAMX_STEP_BYTES 1024u   /* one 16 x 64-byte tile */
@@ -221,6 +223,7 @@ typedef struct nk_samx_group {
     nk_samx_depth_t depth;
     int single_pass; /* the whole depth fits the A buffer, built once per group */
 } nk_samx_group_t;
+#define nk_family_query_t nk_samx_group_t
 
 /* Turn the biased sums of query rows [row0, row0 + rows) against tiles [t, t + DT) (DT 1..4,
  * compile-time; all lanes present but the last tile's `last_lanes`) into u in place, raising the
@@ -409,6 +412,7 @@ static void nk_samx_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d
             r < rows && q->inv_norms[first + r] != 0.0 ? (int32_t)(0u - (uint32_t)q->screen_sums[first + r] * 128u) : 0;
     nk_samx_prepare_tiles(q, d, first, rows, group);
 }
+#define nk_family_prepare nk_samx_prepare
 
 static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t rows, nk_maxsim_view_t const *d,
                            uint64_t first_doc, uint64_t docs, float *u, int32_t *top) {
@@ -419,12 +423,8 @@ static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t
     nk_samx_finish(group, d, 0, rows, first_doc, docs, growth, u);
     nk_x512_read_tops(group->top, rows, docs, top);
 }
-
-#define NK_DRIVER_ROWS NK_SAMX_ROWS
-#define NK_DRIVER_BLOCK NK_SAMX_BLOCK_DOCS
-#define nk_family_query_t nk_samx_group_t
-#define nk_family_prepare nk_samx_prepare
 #define nk_family_screen nk_samx_screen
+
 #include "avx512_rescoring.h"
 #include "driver.h"
 

@@ -20,6 +20,8 @@
  * would share one L1 set (more than its ways); 3840 bytes spread them over 16 sets. 32x18x128 went
  * from 1.01-1.06 to 0.93-0.99 of the old kernel, and 960 matched 1024 with padded rows elsewhere. */
 #define NK_SKL_BLOCK_DOCS 960u
+#define NK_DRIVER_ROWS NK_SKL_TILE
+#define NK_DRIVER_BLOCK NK_SKL_BLOCK_DOCS
 #define NK_SKL_CHUNK_GROUPS 128u /* 4-depth groups per depth chunk of split query words */
 
 /* ---- Exact float64 dot products of stored rows: the shared AVX-512 ones (avx512_dot.h), in the
@@ -47,6 +49,7 @@ static void nk_skl_dot_batch(int dtype, void const *const *a, void const *const 
                              double *out) {
     for (unsigned k = 0; k < n; ++k) out[k] = nk_skl_dot(dtype, a[k], b[k], depth);
 }
+#define nk_family_dot_batch nk_skl_dot_batch
 
 /* ---- Screening ----
  * Without VNNI there is no u8 x s8 -> s32 instruction, and vpmaddubsw would saturate on biased
@@ -73,6 +76,7 @@ typedef struct nk_skl_group {
     int split_ready;          /* the whole depth is in `split` (one chunk) */
     int few_docs;             /* the matrix's partial last tile goes through nk_skl_screen_few_docs */
 } nk_skl_group_t;
+#define nk_family_query_t nk_skl_group_t
 
 /* Where the epilogue finds one document tile's per-row data. Loaded after the depth loop, not
  * before it, so nothing but the accumulators competes for registers inside the loop. */
@@ -247,6 +251,7 @@ static void nk_skl_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
     group->split_ready = groups <= NK_SKL_CHUNK_GROUPS;
     if (group->split_ready) nk_skl_split_queries(group, 0, groups);
 }
+#define nk_family_prepare nk_skl_prepare
 
 static void nk_skl_screen(nk_skl_group_t *group, float const *growth, uint64_t rows, nk_maxsim_view_t const *d,
                           uint64_t first_doc, uint64_t docs, float *u, int32_t *top) {
@@ -281,17 +286,10 @@ static void nk_skl_screen(nk_skl_group_t *group, float const *growth, uint64_t r
     }
     nk_x512_read_tops(group->top, rows, docs, top);
 }
-
-#define NK_DRIVER_ROWS NK_SKL_TILE
-#define NK_DRIVER_BLOCK NK_SKL_BLOCK_DOCS
-#define nk_family_query_t nk_skl_group_t
-#define nk_family_prepare nk_skl_prepare
 #define nk_family_screen nk_skl_screen
-#define nk_family_dot_batch nk_skl_dot_batch
+
 #include "driver.h"
 
 #include "integer_maxsim.h"
 
-double nk_maxsim_skylake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    return nk_dtype_is_integer((int)q->dtype) ? nk_integer_maxsim(q, d) : nk_driver_maxsim(q, d);
-}
+NK_FAMILY_KERNEL(nk_maxsim_skylake)
