@@ -92,7 +92,7 @@ nk_status_t nk_maxsim_pack_size(uint64_t vectors, uint64_t depth, int dtype, uin
 }
 
 void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *view) {
-    nk_maxsim_header_t h;
+    nk_maxsim_header_t h = {0}; /* zeroed for compilers that cannot see the layout always succeeds here */
     /* The info was validated with this same layout, so it cannot fail here. */
     nk_maxsim_layout(matrix->info.vectors, matrix->info.depth, (int)matrix->info.dtype, &h);
     char const *base = (char const *)matrix->data;
@@ -124,8 +124,9 @@ void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *vie
 
 void const *nk_maxsim_values(nk_maxsim_matrix_t const *matrix) {
     nk_maxsim_header_t h;
-    if (nk_dtype_is_integer((int)matrix->info.dtype)) return NULL;
-    nk_maxsim_layout(matrix->info.vectors, matrix->info.depth, (int)matrix->info.dtype, &h);
+    if (nk_dtype_is_integer((int)matrix->info.dtype) ||
+        nk_maxsim_layout(matrix->info.vectors, matrix->info.depth, (int)matrix->info.dtype, &h) != nk_ok_k)
+        return NULL;
     return (char const *)matrix->data + h.values_offset;
 }
 
