@@ -209,7 +209,7 @@ static int nk_put(void *target, void const *value, size_t bytes, int verify) {
 static int nk_row_absmax(int dtype, void const *row, uint64_t depth, double *absmax, double span[NK_SPAN]) {
     uint8_t const *bytes = (uint8_t const *)row;
     uint8_t forbidden_mask = dtype == nk_dtype_e4m3_k ? 0x7Fu : (dtype == nk_dtype_e2m3_k || dtype == nk_dtype_e3m2_k) ? 0xC0u : 0;
-    double lanes[4] = {0.0, 0.0, 0.0, 0.0};
+    double lanes[16] = {0.0};
     for (uint64_t start = 0; start < depth; start += NK_SPAN) {
         uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN;
         if (forbidden_mask == 0x7Fu) {
@@ -221,11 +221,12 @@ static int nk_row_absmax(int dtype, void const *row, uint64_t depth, double *abs
                 if (bytes[start + i] & forbidden_mask) return 0;
         }
         nk_decode_span(dtype, row, start, count, span);
-        /* Branch-free (it vectorizes): a NaN fails x <= DBL_MAX, infinity exceeds it. */
+        /* Branch-free (it vectorizes): a NaN fails x <= DBL_MAX, infinity exceeds it. The maximum is
+         * exact in any order, so 16 lanes: short dependency chains. */
         int finite = 1;
         uint64_t i = 0;
-        for (; i + 4 <= count; i += 4)
-            for (int j = 0; j < 4; ++j) {
+        for (; i + 16 <= count; i += 16)
+            for (int j = 0; j < 16; ++j) {
                 double x = fabs(span[i + j]);
                 finite &= x <= DBL_MAX;
                 lanes[j] = x > lanes[j] ? x : lanes[j];
@@ -237,9 +238,9 @@ static int nk_row_absmax(int dtype, void const *row, uint64_t depth, double *abs
         }
         if (!finite) return 0;
     }
-    double largest = lanes[0] > lanes[1] ? lanes[0] : lanes[1];
-    largest = lanes[2] > largest ? lanes[2] : largest;
-    *absmax = lanes[3] > largest ? lanes[3] : largest;
+    double largest = 0.0;
+    for (int j = 0; j < 16; ++j) largest = lanes[j] > largest ? lanes[j] : largest;
+    *absmax = largest;
     return 1;
 }
 
@@ -360,10 +361,13 @@ static int nk_derive_float_row(nk_maxsim_header_t const *h, char *base, uint64_t
     for (uint64_t start = 0; start < h->depth; start += NK_SPAN) {
         uint64_t count = h->depth - start < NK_SPAN ? h->depth - start : NK_SPAN;
         nk_row_span(dtype, values, h->depth, start, (count + 3) / 4 * 4, &span);
-        for (uint64_t i = 0; i < count; i += 4) /* apart, so that the compiler vectorizes the sums */
-            for (int j = 0; j < 4; ++j) squares[j] += span.values[i + j] * span.values[i + j];
-        for (uint64_t i = 0; i < count; i += 4) /* in lanes too (stored values are finite: exact) */
-            for (int j = 0; j < 4; ++j) largest[j] = fabs(span.values[i + j]) > largest[j] ? fabs(span.values[i + j]) : largest[j];
+        /* One loop: the maximum's chain runs beside the sum's (stored values are finite: exact). */
+        for (uint64_t i = 0; i < count; i += 4)
+            for (int j = 0; j < 4; ++j) {
+                double value = span.values[i + j], magnitude = fabs(value);
+                squares[j] += value * value;
+                largest[j] = magnitude > largest[j] ? magnitude : largest[j];
+            }
     }
     double absmax = largest[0] > largest[1] ? largest[0] : largest[1];
     absmax = largest[2] > absmax ? largest[2] : absmax;
