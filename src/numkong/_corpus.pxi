@@ -564,7 +564,7 @@ cdef class _CorpusBuilder:
         for i in range(count):
             matrix, sources[i].dtype = _packing_source(matrices[i], self.name)
             kept.append(matrix)
-            sources[i].rows = <const void *><uintptr_t>matrix.__array_interface__["data"][0]
+            sources[i].rows = <const void *>_data_address(matrix)
             sources[i].row_stride = matrix.strides[0]
         cdef void *out
         cdef uint64_t out_offset, out_nbytes = end - start
