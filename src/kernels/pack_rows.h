@@ -176,21 +176,25 @@ static void nk_row_span(int dtype, void const *row, uint64_t depth, uint64_t sta
 
 static void nk_span_squares(double const *v, uint64_t padded, double squares[4], double *largest) {
     __m256d sum = _mm256_loadu_pd(squares);
-    __m512d top = _mm512_set1_pd(*largest);
+    __m512d top = _mm512_set1_pd(*largest), other = top; /* two maxima: a shorter chain */
     uint64_t i = 0;
-    for (; i + 8 <= padded; i += 8) {
-        __m512d x = _mm512_loadu_pd(v + i), square = _mm512_mul_pd(x, x);
+    for (; i + 16 <= padded; i += 16) {
+        __m512d x = _mm512_loadu_pd(v + i), y = _mm512_loadu_pd(v + i + 8);
+        __m512d square = _mm512_mul_pd(x, x), next = _mm512_mul_pd(y, y);
         sum = _mm256_add_pd(sum, _mm512_castpd512_pd256(square));
         sum = _mm256_add_pd(sum, _mm512_extractf64x4_pd(square, 1));
+        sum = _mm256_add_pd(sum, _mm512_castpd512_pd256(next));
+        sum = _mm256_add_pd(sum, _mm512_extractf64x4_pd(next, 1));
         top = _mm512_max_pd(top, _mm512_abs_pd(x));
+        other = _mm512_max_pd(other, _mm512_abs_pd(y));
     }
-    if (i < padded) {
+    for (; i < padded; i += 4) {
         __m512d x = _mm512_maskz_loadu_pd(0x0F, v + i), square = _mm512_mul_pd(x, x);
         sum = _mm256_add_pd(sum, _mm512_castpd512_pd256(square));
         top = _mm512_max_pd(top, _mm512_abs_pd(x));
     }
     _mm256_storeu_pd(squares, sum);
-    *largest = _mm512_reduce_max_pd(top);
+    *largest = _mm512_reduce_max_pd(_mm512_max_pd(top, other));
 }
 
 static void nk_span_quantize(double const *v, uint64_t padded, double inv_norm, double multiplier, double step,
@@ -425,19 +429,18 @@ static int nk_store_span(int dtype, void *row, uint64_t start, uint64_t count, d
 }
 
 /* Derive inv_norms and the screening sections of one float-format row from its stored values: written, or
- * (verify) compared bit for bit, which is how read-only buffers are trusted. 0 on mismatch. */
-static int nk_derive_float_row(nk_maxsim_header_t const *h, char *base, uint64_t row, int verify) {
+ * (verify) compared bit for bit, which is how read-only buffers are trusted. 0 on mismatch.
+ * `span` may hold the row already decoded (holds_row): the packer's check of the row decoded it. */
+static int nk_derive_float_row_from(nk_maxsim_header_t const *h, char *base, uint64_t row, int verify, nk_span_t *span) {
     int dtype = (int)h->dtype;
     void const *values = base + h->values_offset + row * h->depth * nk_dtype_itemsize(dtype);
     /* Spans are padded with zeros to a multiple of 4 and summed in 4 lanes, to break the
      * dependency chain; the order is fixed, so packing and verification agree bit for bit. */
-    nk_span_t span;
-    span.holds_row = 0;
     double squares[4] = {0.0, 0.0, 0.0, 0.0}, absmax = 0.0; /* stored values are finite */
     for (uint64_t start = 0; start < h->depth; start += NK_SPAN) {
         uint64_t count = h->depth - start < NK_SPAN ? h->depth - start : NK_SPAN, padded = (count + 3) / 4 * 4;
-        nk_row_span(dtype, values, h->depth, start, padded, &span);
-        nk_span_squares(span.values, padded, squares, &absmax);
+        nk_row_span(dtype, values, h->depth, start, padded, span);
+        nk_span_squares(span->values, padded, squares, &absmax);
     }
     double sum_squares = (squares[0] + squares[1]) + (squares[2] + squares[3]);
     double inv_norm = sum_squares > 0.0 ? 1.0 / sqrt(sum_squares) : 0.0;
@@ -456,7 +459,7 @@ static int nk_derive_float_row(nk_maxsim_header_t const *h, char *base, uint64_t
     }
     double error_squares[2];
     int8_t codes[2][NK_SPAN];
-    nk_quantize_row(dtype, values, h->depth, inv_norm, steps, &span, codes, error_squares);
+    nk_quantize_row(dtype, values, h->depth, inv_norm, steps, span, codes, error_squares);
     int grid = steps[1] > 0.0f && error_squares[1] < error_squares[0];
     float step = steps[grid];
     double multiplier = step > 0.0f ? 1.0 / (double)step : 0.0;
@@ -470,18 +473,16 @@ static int nk_derive_float_row(nk_maxsim_header_t const *h, char *base, uint64_t
         int8_t const *row_codes = codes[grid];
         int8_t fresh[NK_SPAN];
         if (start) { /* only rows longer than a span are quantized again, span by span */
-            nk_row_span(dtype, values, h->depth, start, count, &span); /* depth padding is value 0 */
-            for (uint64_t i = 0; i < count; ++i) fresh[i] = (int8_t)nk_quantize(span.values[i] * inv_norm, multiplier);
+            nk_row_span(dtype, values, h->depth, start, count, span); /* depth padding is value 0 */
+            for (uint64_t i = 0; i < count; ++i) fresh[i] = (int8_t)nk_quantize(span->values[i] * inv_norm, multiplier);
             row_codes = fresh;
         }
-        for (uint64_t i = 0; i < count; i += 4, screen += group_stride) {
-            uint8_t group[4];
-            for (int j = 0; j < 4; ++j) {
-                sum += row_codes[i + j];
-                group[j] = (uint8_t)(row_codes[i + j] + 128);
-            }
-            same &= nk_put(screen, group, 4, verify);
+        uint8_t biased[NK_SPAN];
+        for (uint64_t i = 0; i < count; ++i) { /* a flat loop (it vectorizes), then one 4-byte put a group */
+            sum += row_codes[i];
+            biased[i] = (uint8_t)(row_codes[i] + 128);
         }
+        for (uint64_t i = 0; i < count; i += 4, screen += group_stride) same &= nk_put(screen, biased + i, 4, verify);
     }
     /* Round the error bound up: the relative margin dwarfs float64 and float32 rounding. */
     float error = (float)(sqrt(error_squares[grid]) * (1.0 + 1e-6) + 1e-30);
@@ -490,6 +491,13 @@ static int nk_derive_float_row(nk_maxsim_header_t const *h, char *base, uint64_t
     same &= nk_put(base + h->screen_errors_offset + row * sizeof(float), &error, sizeof(float), verify);
     same &= nk_put(base + h->screen_sums_offset + row * sizeof(int32_t), &sum32, sizeof(int32_t), verify);
     return same;
+}
+
+/* The same with nothing decoded yet: verification's entry (the table's derive_float_row). */
+static int nk_derive_float_row(nk_maxsim_header_t const *h, char *base, uint64_t row, int verify) {
+    nk_span_t span;
+    span.holds_row = 0;
+    return nk_derive_float_row_from(h, base, row, verify, &span);
 }
 
 /* Row `row` of a float format from `source_row` (source_dtype: the format itself, or float64, float32,
@@ -502,16 +510,17 @@ static nk_status_t nk_pack_float_row(nk_maxsim_header_t const *h, char *base, ui
     uint64_t depth = h->depth;
     size_t itemsize = nk_dtype_itemsize(dtype);
     void *target_row = base + h->values_offset + row * depth * itemsize;
-    double absmax, span[NK_SPAN];
+    nk_span_t row_span;
+    double absmax, *decoded = row_span.values;
     if (!casting) memcpy(target_row, source_row, depth * itemsize);
     void const *row_values = casting ? source_row : target_row;
-    if (!nk_row_absmax(source_dtype, row_values, depth, &absmax, span)) return nk_error_nonfinite_k;
+    if (!nk_row_absmax(source_dtype, row_values, depth, &absmax, decoded)) return nk_error_nonfinite_k;
     int shift = nk_row_scale_exponent(dtype, casting, absmax), valid = 1;
     double largest = 0.0;
     for (uint64_t start = 0; start < depth && (casting || shift); start += NK_SPAN) {
         uint64_t count = depth - start < NK_SPAN ? depth - start : NK_SPAN;
-        if (depth > NK_SPAN) nk_decode_span(source_dtype, row_values, start, count, span); /* else still there */
-        valid &= nk_store_span(dtype, target_row, start, count, span, shift, source_dtype != nk_dtype_float64_k,
+        if (depth > NK_SPAN) nk_decode_span(source_dtype, row_values, start, count, decoded); /* else still there */
+        valid &= nk_store_span(dtype, target_row, start, count, decoded, shift, source_dtype != nk_dtype_float64_k,
                                &largest);
     }
     /* What is stored is what scoring reads: a cast source that changed while it was read could
@@ -519,7 +528,10 @@ static nk_status_t nk_pack_float_row(nk_maxsim_header_t const *h, char *base, ui
      * nk_float_row_is_valid would, from the values the stores saw). */
     if (casting && !(valid && largest <= DBL_MAX && nk_row_scale_exponent(dtype, 0, largest) == 0))
         return nk_error_nonfinite_k;
-    nk_derive_float_row(h, base, row, 0); /* while the row is in cache */
+    /* While the row is in cache; a stored row that is the source, unscaled and one span long is
+     * still decoded in row_span. */
+    row_span.holds_row = !casting && !shift && depth <= NK_SPAN;
+    nk_derive_float_row_from(h, base, row, 0, &row_span);
     return nk_ok_k;
 }
 
