@@ -257,6 +257,20 @@ uint32_t nk_corpus_format_version(void const *buf, uint64_t nbytes) {
 
 nk_status_t nk_corpus_finish(void *data, nk_corpus_entry_t const *entries, uint64_t documents, uint64_t depth, int dtype,
                              uint64_t capabilities, uint64_t table_offset, uint64_t nbytes, nk_corpus_t *corpus) {
+    nk_status_t status =
+        nk_corpus_finish_table(data, entries, documents, depth, dtype, capabilities, table_offset, nbytes, corpus);
+    if (status == nk_ok_k) nk_corpus_seal(corpus);
+    return status;
+}
+
+void nk_corpus_seal(nk_corpus_t *corpus) {
+    corpus->info.checksum = nk_checksum_of((char const *)corpus->data + NK_HEADER_BYTES, corpus->info.nbytes - NK_HEADER_BYTES);
+    nk_corpus_header_write(&corpus->info, (void *)(uintptr_t)corpus->data);
+}
+
+nk_status_t nk_corpus_finish_table(void *data, nk_corpus_entry_t const *entries, uint64_t documents, uint64_t depth,
+                                   int dtype, uint64_t capabilities, uint64_t table_offset, uint64_t nbytes,
+                                   nk_corpus_t *corpus) {
     if (!data || ((uintptr_t)data) % NK_SECTION_ALIGN != 0 || !corpus || (documents && !entries))
         return nk_error_argument_k;
     if (documents == 0) return nk_error_empty_k;
@@ -268,8 +282,7 @@ nk_status_t nk_corpus_finish(void *data, nk_corpus_entry_t const *entries, uint6
     memcpy(bytes + table_offset, entries, (size_t)table_bytes);
     memset(bytes + table_offset + table_bytes, 0, (size_t)(nbytes - table_offset - table_bytes));
     nk_corpus_info_t info = {documents, depth, total, nbytes, capabilities, table_offset, 0, (uint32_t)dtype};
-    info.checksum = nk_checksum_of(bytes + NK_HEADER_BYTES, nbytes - NK_HEADER_BYTES);
-    nk_corpus_header_write(&info, data);
+    nk_corpus_header_write(&info, data); /* checksum 0 until nk_corpus_seal */
     corpus->data = data;
     corpus->info = info;
     corpus->table = (nk_corpus_entry_t const *)(void const *)(bytes + table_offset);

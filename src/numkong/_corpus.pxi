@@ -157,6 +157,9 @@ cdef class MaxSimPackedCorpus:
                 f"depth={self.depth}, dtype={self.dtype!r}, nbytes={self.nbytes})")
 
     def __getbuffer__(self, Py_buffer *buffer, int flags):
+        if self._unsealed:  # every export (save, pickle, memoryview) sees a complete header
+            nk_corpus_seal(&self.corpus)
+            self._unsealed = False
         _export_bytes(self, buffer, flags, self.corpus.data, self.corpus.info.nbytes, self._buffer_shape,
                       self._buffer_strides)
 
@@ -621,8 +624,8 @@ cdef class _CorpusBuilder:
             raise MemoryError(f"cannot allocate {nbytes} bytes for a packed corpus")
         cdef MaxSimPackedCorpus corpus = MaxSimPackedCorpus.__new__(MaxSimPackedCorpus)
         with nogil:
-            status = nk_corpus_finish(self.region.base, self.entries, self.documents, self.depth, self.code,
-                                      self.restriction, table_offset, nbytes, &corpus.corpus)
+            status = nk_corpus_finish_table(self.region.base, self.entries, self.documents, self.depth, self.code,
+                                            self.restriction, table_offset, nbytes, &corpus.corpus)
         _raise_for(status, {"what": "finishing the corpus"})
         # The corpus takes the memory and the entries (its private table).
         corpus._owned, corpus._owned_reserved = self.region.base, self.region.reserved
@@ -630,6 +633,7 @@ cdef class _CorpusBuilder:
         self.region.reserved = 0
         corpus._table, self.entries = self.entries, NULL
         corpus.corpus.table = corpus._table
+        corpus._unsealed = True  # the file checksum waits for the first export (a serial pass over every byte)
         return corpus
 
     cdef bytes finish_stream(self):

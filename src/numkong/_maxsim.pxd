@@ -118,6 +118,10 @@ cdef extern from "numkong/maxsim.h" nogil:
     nk_status_t nk_corpus_finish(void *data, const nk_corpus_entry_t *entries, uint64_t documents, uint64_t depth,
                                  int dtype, uint64_t capabilities, uint64_t table_offset, uint64_t nbytes,
                                  nk_corpus_t *corpus)
+    nk_status_t nk_corpus_finish_table(void *data, const nk_corpus_entry_t *entries, uint64_t documents,
+                                       uint64_t depth, int dtype, uint64_t capabilities, uint64_t table_offset,
+                                       uint64_t nbytes, nk_corpus_t *corpus)
+    void nk_corpus_seal(nk_corpus_t *corpus)
     nk_maxsim_matrix_t nk_corpus_document(const nk_corpus_t *corpus, uint64_t index, uint64_t *nbytes)
     nk_status_t nk_corpus_header(const void *buf, uint64_t nbytes, nk_corpus_info_t *info)
     enum:
@@ -164,6 +168,7 @@ cdef class MaxSimPackedCorpus:
     cdef Py_buffer _view
     cdef Py_ssize_t _buffer_shape[1]
     cdef Py_ssize_t _buffer_strides[1]
+    cdef bint _unsealed             # built in memory, its header's checksum not computed yet (_corpus.pxi)
     cdef uint64_t _index(self, object index) except? 0
 
 

@@ -248,6 +248,14 @@ nk_status_t nk_corpus_pack_size(uint64_t const *lengths, uint64_t documents, uin
  * *corpus (its table points into `data`). */
 nk_status_t nk_corpus_finish(void *data, nk_corpus_entry_t const *entries, uint64_t documents, uint64_t depth, int dtype,
                              uint64_t capabilities, uint64_t table_offset, uint64_t nbytes, nk_corpus_t *corpus);
+/* nk_corpus_finish in two steps, for a caller that may never export the bytes: nk_corpus_finish_table
+ * writes the table, the padding and a header whose checksum is 0 (the corpus scores at once);
+ * nk_corpus_seal computes the checksum and writes it into the header, as nk_corpus_finish does,
+ * before the bytes are saved or shared. */
+nk_status_t nk_corpus_finish_table(void *data, nk_corpus_entry_t const *entries, uint64_t documents, uint64_t depth,
+                                   int dtype, uint64_t capabilities, uint64_t table_offset, uint64_t nbytes,
+                                   nk_corpus_t *corpus);
+void nk_corpus_seal(nk_corpus_t *corpus);
 /* Document i of a validated corpus, as a matrix (its bytes and info), and its byte size. */
 nk_maxsim_matrix_t nk_corpus_document(nk_corpus_t const *corpus, uint64_t index, uint64_t *nbytes);
 /* Step 1 of loading untrusted bytes: validate the header alone and copy it into *info (so the table
