@@ -127,7 +127,7 @@ cdef class MaxSimPackedCorpus:
         if _DTYPE_NAMES[self.corpus.info.dtype] in _INTEGER_NAMES:  # stored tiled: a float64 copy of the values
             values = np.empty(shape, dtype=np.float64)
             _raise_for(nk_maxsim_dequantize(&document, 0, shape[0],
-                                            <double *><uintptr_t>values.__array_interface__["data"][0]),
+                                            <double *>_data_address(values)),
                        {"what": f"document {i}"})
             values.flags.writeable = False
             return values
@@ -562,7 +562,7 @@ cdef class _CorpusBuilder:
                    {"what": f"a corpus of {self.documents + count} documents x depth {self.depth} {self.name}"})
         # The sources: rows in the packing format are read in place, anything else through float64.
         sources_memory = np.empty(count * sizeof(nk_pack_source_t), dtype=np.uint8)
-        cdef nk_pack_source_t *sources = <nk_pack_source_t *><uintptr_t>sources_memory.__array_interface__["data"][0]
+        cdef nk_pack_source_t *sources = <nk_pack_source_t *>_data_address(sources_memory)
         kept = []
         for i in range(count):
             matrix, sources[i].dtype = _packing_source(matrices[i], self.name)
@@ -582,7 +582,7 @@ cdef class _CorpusBuilder:
             out_nbytes = end
         else:
             buffer = _aligned_bytes(out_nbytes)
-            out = <void *><uintptr_t>buffer.__array_interface__["data"][0]
+            out = <void *>_data_address(buffer)
             out_offset = start
         cdef nk_status_t status
         with nogil:
@@ -677,7 +677,7 @@ def _checksum(data):
 def _aligned_bytes(uint64_t nbytes):
     """A 64-byte aligned uint8 NumPy array of nbytes (its memory freed with it)."""
     raw = np.empty(nbytes + 64, dtype=np.uint8)
-    start = (-raw.__array_interface__["data"][0]) % 64
+    start = (64 - _data_address(raw) % 64) % 64
     return raw[start:start + nbytes]
 
 
@@ -872,7 +872,7 @@ def maxsim_packed_corpus(queries, corpus, /, *, top_k=None, threads=None, capabi
     if top_k is not None:
         scratch_bytes = nk_corpus_top_k_scratch_bytes(n_queries, n_threads, k)
         scratch = _aligned_bytes(scratch_bytes)
-    cdef void *scratch_at = NULL if top_k is None else <void *><uintptr_t>scratch.__array_interface__["data"][0]
+    cdef void *scratch_at = NULL if top_k is None else <void *>_data_address(scratch)
     cdef nk_maxsim_matrix_t *matrices = <nk_maxsim_matrix_t *>malloc(max(n_queries, 1) * sizeof(nk_maxsim_matrix_t))
     if matrices == NULL:
         raise MemoryError("cannot allocate the query table")

@@ -654,7 +654,8 @@ def maxsim_pack(b, /, dtype=None, *, capabilities=None, stream=None):
 
 cdef uintptr_t _data_address(object arr) except? 0:
     """Address of a NumPy array's first element (any dtype, any strides) through the buffer protocol: a
-    tenth of the cost of arr.__array_interface__, which builds a dict each time. The caller keeps arr."""
+    tenth of the cost of arr.__array_interface__, which builds a dict each time. The caller keeps arr
+    (alive, and from being resized) while it uses the address."""
     cdef Py_buffer view
     PyObject_GetBuffer(arr, &view, PyBUF_STRIDES)
     cdef uintptr_t address = <uintptr_t>view.buf
