@@ -92,8 +92,9 @@ nk_status_t nk_maxsim_pack_size(uint64_t vectors, uint64_t depth, int dtype, uin
 }
 
 void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *view) {
-    nk_maxsim_header_t h = {0}; /* zeroed for compilers that cannot see the layout always succeeds here */
-    /* The info was validated with this same layout, so it cannot fail here. */
+    /* The info was validated with this same layout, so it cannot fail here; zeroed all the same, for
+     * compilers that cannot see that. */
+    nk_maxsim_header_t h = {0};
     nk_maxsim_layout(matrix->info.vectors, matrix->info.depth, (int)matrix->info.dtype, &h);
     char const *base = (char const *)matrix->data;
     view->dtype = h.dtype;

@@ -176,13 +176,14 @@ static void nk_row_span(int dtype, void const *row, uint64_t depth, uint64_t sta
     for (uint64_t i = count; i < padded; ++i) span->values[i] = 0.0;
 }
 
-/* The two loops of the derived sections over one decoded span of `padded` (a multiple of 4) values,
- * each a fixed sequence of float64 operations, so that every table writes the same bytes:
+/* The loops over one decoded span of a row. The derived sections' two, over `padded` (a multiple of 4)
+ * values, are each a fixed sequence of float64 operations, so that every table writes the same bytes:
  *   nk_span_squares: squares[j] += v[i + j] * v[i + j] for i = 0, 4, 8, ... in turn, and
  *       *largest = the larger of itself and every |v| (a maximum: exact in any order);
  *   nk_span_quantize: u = v * inv_norm, q = nk_quantize(u, multiplier), codes[i] = q, and
  *       lanes[j] += (u - q * step)^2 for i = 0, 4, 8, ... in turn;
- * and nk_span_largest, the same maximum over `count` values and whether all of them are finite.
+ * and the packer's check, nk_span_largest: the same maximum over `count` values, and whether all of
+ * them are finite.
  * The AVX-512 bodies do the same operations 8 at a time; a 4-lane sum is one 256-bit chain fed the
  * low, then the high half of each 8-value vector, which is the portable order. */
 #if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__AVX512BW__)

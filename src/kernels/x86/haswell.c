@@ -18,11 +18,12 @@
 #define NK_HSW_BLOCK_ROWS 4        /* query rows per register block (8 accumulators of 8 lanes) */
 #define NK_HSW_BLOCKS (NK_HSW_ROWS / NK_HSW_BLOCK_ROWS)
 #define NK_HSW_BLOCK_DOCS 1024u    /* document rows per block of bounds; larger blocks rescore less */
-#define NK_DRIVER_ROWS NK_HSW_ROWS
-#define NK_DRIVER_BLOCK NK_HSW_BLOCK_DOCS
 #define NK_HSW_CHUNK_GROUPS 256u   /* 4-byte depth groups prepared at once (depth 1024): the words
                                       * (16 KB) and a tile's bytes (16 KB) fit a Haswell L1 */
 #define NK_HSW_WORDS 8u            /* prepared int32 words per register block and depth group */
+/* driver.h's group of query rows and block of documents */
+#define NK_DRIVER_ROWS NK_HSW_ROWS
+#define NK_DRIVER_BLOCK NK_HSW_BLOCK_DOCS
 
 /* ---- Screening. ----
  * Without VNNI, u8 x s8 products go through vpmaddubsw, which saturates int16 for biased bytes

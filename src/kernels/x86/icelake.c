@@ -14,9 +14,10 @@
 #define NK_ICE_ROWS 8              /* query rows per group = accumulator rows of the micro-kernel */
 #define NK_ICE_TILES 3             /* 16-row document tiles per micro-kernel call: 8 x 3 accumulators */
 #define NK_ICE_BLOCK_DOCS 1024u    /* document rows per block of bounds; larger blocks rescore less */
+#define NK_ICE_CHUNK_GROUPS 256u   /* 4-byte depth groups per pass over the query buffer (depth 1024) */
+/* driver.h's group of query rows and block of documents */
 #define NK_DRIVER_ROWS NK_ICE_ROWS
 #define NK_DRIVER_BLOCK NK_ICE_BLOCK_DOCS
-#define NK_ICE_CHUNK_GROUPS 256u   /* 4-byte depth groups per pass over the query buffer (depth 1024) */
 
 /* ---- Screening. ----
  * VNNI multiplies unsigned by signed bytes, and only the signed operand can be a 32-bit memory

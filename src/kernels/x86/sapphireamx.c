@@ -23,11 +23,12 @@
 
 #define NK_SAMX_ROWS 32u           /* query rows per group: two query tiles */
 #define NK_SAMX_BLOCK_DOCS 512u    /* document rows per block (a multiple of 64) */
-#define NK_DRIVER_ROWS NK_SAMX_ROWS
-#define NK_DRIVER_BLOCK NK_SAMX_BLOCK_DOCS
 #define NK_SAMX_ROW_BYTES (4u * NK_SAMX_BLOCK_DOCS) /* bytes from one row of u to the next */
 #define NK_SAMX_CHUNK_STEPS 12u    /* 64-deep steps per pass over the A buffer: depth 768 in one pass */
 #define NK_SAMX_STEP_BYTES 1024u   /* one 16 x 64-byte tile */
+/* driver.h's group of query rows and block of documents */
+#define NK_DRIVER_ROWS NK_SAMX_ROWS
+#define NK_DRIVER_BLOCK NK_SAMX_BLOCK_DOCS
 
 /* LDTILECFG's 64-byte operand, palette 1. */
 typedef struct nk_samx_tile_config {

@@ -20,9 +20,10 @@
  * would share one L1 set (more than its ways); 3840 bytes spread them over 16 sets. 32x18x128 went
  * from 1.01-1.06 to 0.93-0.99 of the old kernel, and 960 matched 1024 with padded rows elsewhere. */
 #define NK_SKL_BLOCK_DOCS 960u
+#define NK_SKL_CHUNK_GROUPS 128u /* 4-depth groups per depth chunk of split query words */
+/* driver.h's group of query rows and block of documents */
 #define NK_DRIVER_ROWS NK_SKL_TILE
 #define NK_DRIVER_BLOCK NK_SKL_BLOCK_DOCS
-#define NK_SKL_CHUNK_GROUPS 128u /* 4-depth groups per depth chunk of split query words */
 
 /* ---- Exact float64 dot products of stored rows: the shared AVX-512 ones (avx512_dot.h), in the
  * canonical order every family follows. ---- */
