@@ -1,5 +1,6 @@
 """The issue's items for the Cython core: dtype spellings, readable masks, clearer errors, corpus
 access and padded batches."""
+import gc
 import io
 
 import numpy as np
@@ -90,6 +91,26 @@ def test_corpus_document_returns_the_stored_values():
     for index, document in enumerate(documents):
         stored = corpus.document(index)
         assert stored.dtype == np.float32 and np.array_equal(stored, document)
+        assert not stored.flags.writeable
+        with pytest.raises(ValueError):
+            stored[0, 0] = 1.0
+
+
+def test_corpus_document_shares_the_document_and_outlives_the_corpus():
+    # The values come through the document's buffer (corpus[i]), not the whole corpus's: exporting the
+    # corpus would first checksum every byte of a corpus built in memory.
+    corpus, documents = corpus_and_documents()
+    stored = corpus.document(1)
+    owner = stored
+    while isinstance(owner, (np.ndarray, memoryview)):
+        owner = owner.base if isinstance(owner, np.ndarray) else owner.obj
+    assert isinstance(owner, nk.MaxSimPackedMatrix)
+    assert bytes(memoryview(owner)) == bytes(memoryview(nk.maxsim_pack(documents[1])))
+    start = np.frombuffer(owner, dtype=np.uint8).__array_interface__["data"][0]
+    assert start <= stored.__array_interface__["data"][0] < start + owner.nbytes
+    del corpus
+    gc.collect()
+    assert np.array_equal(stored, documents[1])
 
 
 def test_corpus_save_and_load_binary_files():

@@ -131,9 +131,11 @@ cdef class MaxSimPackedCorpus:
                        {"what": f"document {i}"})
             values.flags.writeable = False
             return values
-        cdef uintptr_t start = <uintptr_t>nk_maxsim_values(&document) - <uintptr_t>self.corpus.data
+        # Through the document's own export, not the corpus's: that would seal a fresh corpus (a checksum
+        # of every byte) for one document's values.
+        cdef uintptr_t start = <uintptr_t>nk_maxsim_values(&document) - <uintptr_t>document.data
         dtype = _NUMPY_DTYPES[_DTYPE_NAMES[self.corpus.info.dtype]]
-        return np.frombuffer(memoryview(self), dtype=dtype, count=shape[0] * shape[1], offset=start).reshape(shape)
+        return np.frombuffer(self[i], dtype=dtype, count=shape[0] * shape[1], offset=start).reshape(shape)
 
     cdef uint64_t _index(self, object index) except? 0:
         _require_packed(self.corpus.data, self)
