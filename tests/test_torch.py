@@ -48,6 +48,35 @@ def test_from_dlpack_is_a_zero_copy_view(name):
     assert view.tobytes() == as_numpy(t).tobytes()
 
 
+def test_numpy_float_tensors_skip_the_dlpack_export(monkeypatch):
+    # float16/32/64 CPU tensors are read through tensor.numpy() (a quarter of DLPack's cost); the
+    # formats NumPy lacks still go through __dlpack__.
+    exported = []
+    original = torch.Tensor.__dlpack__
+
+    def counting(self, *args, **kwargs):
+        exported.append(self.dtype)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "__dlpack__", counting)
+    for name in FORMATS:
+        t = tensor(3, 8, 0, name)
+        assert _from_dlpack(t).tobytes() == as_numpy(t).tobytes()
+    assert exported == [torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def test_numpy_view_keeps_the_tensor_alive_and_read_only():
+    t = tensor(64, 128, 2, "float32")
+    expected = as_numpy(t).tobytes()
+    view = _from_dlpack(t)
+    with pytest.raises(ValueError):
+        view[0, 0] = 1.0
+    del t
+    gc.collect()
+    torch.randn(64, 128)  # reuse of freed memory would show below
+    assert view.tobytes() == expected
+
+
 def test_view_keeps_the_tensor_alive():
     t = tensor(64, 128, 1, "bfloat16")
     expected = as_numpy(t).tobytes()

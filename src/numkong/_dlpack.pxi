@@ -8,6 +8,8 @@
 # - A PyTorch tensor that requires grad is read through tensor.detach() (same storage, no copy): a
 #   MaxSim score is a Python float, so no gradient could flow through it anyway.
 # - Sub-byte formats (fp6, fp4) are read only when the producer pads each element to a byte.
+# - A PyTorch CPU tensor of float16/32/64 is read through tensor.numpy() instead (same memory, same
+#   checks downstream, a quarter of the cost); see _torch_numpy_view.
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_SetName
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
@@ -126,6 +128,33 @@ cdef _dl_device_error(str role, object where):
                       f"(e.g. tensor.cpu() or tensor.to('cpu'))")
 
 
+# torch.dtype -> whether tensor.numpy() reads it (float16/32/64); filled as dtypes are met, so that
+# torch is never imported here.
+_TORCH_NUMPY_FLOATS = {}
+
+
+cdef object _torch_numpy_view(object obj):
+    """PyTorch's own zero-copy NumPy view of a CPU tensor of a NumPy float type, read-only; else None.
+    tensor.numpy() takes 1.0 us where __dlpack_device__ + __dlpack__ take 3.9 us, most of the time
+    spent reading a list of 1,000 document tensors; bfloat16, float8 and every other case go through
+    DLPack."""
+    if not type(obj).__module__.startswith("torch") or getattr(obj, "is_cpu", False) is not True:
+        return None
+    dtype = getattr(obj, "dtype", None)
+    readable = _TORCH_NUMPY_FLOATS.get(dtype)
+    if readable is None:
+        readable = str(dtype) in ("torch.float16", "torch.float32", "torch.float64")
+        _TORCH_NUMPY_FLOATS[dtype] = readable
+    if not readable:
+        return None
+    try:
+        view = obj.numpy()  # shares the tensor's memory and keeps the tensor alive
+    except (RuntimeError, TypeError):  # e.g. a tensor with its negative bit set: DLPack decides
+        return None
+    view.flags.writeable = False
+    return view
+
+
 def _from_dlpack(obj, role="array"):
     """A read-only NumPy view (no copy) of the CPU memory of an object exporting __dlpack__.
 
@@ -134,6 +163,9 @@ def _from_dlpack(obj, role="array"):
     """
     if getattr(obj, "requires_grad", False) is True and callable(getattr(obj, "detach", None)):
         obj = obj.detach()  # PyTorch refuses to export a tensor that requires grad; same storage
+    view = _torch_numpy_view(obj)
+    if view is not None:
+        return view
     exporter = getattr(obj, "__dlpack__", None)
     if exporter is None:
         raise TypeError(f"{role} ({type(obj).__name__}) does not export __dlpack__")
