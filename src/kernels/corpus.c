@@ -387,7 +387,7 @@ static void nk_corpus_prefetch_range(void const *first, void const *end) {
 
 /* Prefetch the small per-row sections of `document`, the successor of `previous` in a walk, and name
  * its bulk (what its kernel reads first) in previous->next_bytes: the kernel scoring `previous`
- * prefetches that a share at a time (nk_prefetch_share). */
+ * prefetches that a line at a time (nk_prefetch_stream_of). */
 static void nk_corpus_prefetch(nk_maxsim_view_t const *document, nk_maxsim_view_t *previous) {
     uint64_t n = document->vectors;
     if (document->inv_norms) { /* float formats: inv_norms, then (after the screen) scales, errors, sums */

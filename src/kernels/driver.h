@@ -29,13 +29,14 @@
  *                          uint64_t rows, nk_family_query_t *query)
  *       Before a group's blocks. Rows past `rows` must screen as zeros.
  *   void nk_family_screen(nk_family_query_t *query, float const *growth, uint64_t rows,
- *                         nk_maxsim_view_t const *d, uint64_t first_doc, uint64_t docs, float *u, int32_t *top)
+ *                         nk_maxsim_view_t const *d, uint64_t first_doc, uint64_t docs, float *u, int32_t *top,
+ *                         nk_prefetch_stream_t *prefetch)
  *       Step 1 for documents [first_doc, first_doc + docs) (first_doc a multiple of NK_DRIVER_BLOCK):
  *       u[r * NK_DRIVER_BLOCK + j] for r < rows, j < docs, with b_r = growth[r], and -inf for
  *       docs <= j < docs rounded up to 16; top[r] in [0, docs), or -1 when the row has no finite u,
  *       naming a u at most 2^-16 |u| below the row's largest (what tagging a u's low 6 mantissa bits
  *       with its tile loses); the driver bounds the row from it. The family may use u as scratch until
- *       it returns.
+ *       it returns. Its screening loop takes a line of `prefetch` (the next document) per step.
  *   The compares of step 3, over 16-document tiles of one row's u (64-byte aligned):
  *   nk_family_cut_t nk_family_cut(float cut)                     the cut, broadcast
  *   int nk_family_any_hit4(float const *tile_u, nk_family_cut_t cut)
@@ -389,18 +390,18 @@ static double nk_driver_screened_bound(nk_driver_group_t const *g, float const *
  * documents of a top-k search end here, at the cost of the screening alone; the others are scored
  * exactly afterwards (0 is returned). */
 static double nk_driver_bound_pass(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, float *u, int32_t *top,
-                                   nk_family_query_t *query, nk_driver_group_t *group) {
+                                   nk_family_query_t *query, nk_driver_group_t *group,
+                                   nk_prefetch_stream_t *prefetch) {
     double bound = 0.0;
     for (uint64_t first = 0; first < q->vectors; first += NK_DRIVER_ROWS) {
         uint64_t rows = q->vectors - first < NK_DRIVER_ROWS ? q->vectors - first : NK_DRIVER_ROWS;
-        nk_prefetch_share(d, first, NK_DRIVER_ROWS, q->vectors);
         nk_driver_group_init(q, first, rows, group);
         if (!group->live) {
             bound += (double)rows;
         }
         else {
             nk_family_prepare(q, d, first, rows, query);
-            nk_family_screen(query, group->growth, rows, d, 0, d->vectors, u, top);
+            nk_family_screen(query, group->growth, rows, d, 0, d->vectors, u, top, prefetch);
             bound += nk_driver_screened_bound(group, u, top);
         }
         if (bound > q->stop_above) return bound;
@@ -415,20 +416,20 @@ static double nk_driver_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t const
     _Alignas(64) nk_family_query_t query;
     nk_driver_group_t group;
     nk_driver_lists_t lists;
+    nk_prefetch_stream_t prefetch = nk_prefetch_stream_of(d);
     double total = 0.0;
     if (q->stop_above < INFINITY && d->vectors <= NK_DRIVER_BLOCK) {
-        double bound = nk_driver_bound_pass(q, d, u, top, &query, &group);
+        double bound = nk_driver_bound_pass(q, d, u, top, &query, &group, &prefetch);
         if (bound > q->stop_above) return bound;
     }
     for (uint64_t first = 0; first < q->vectors; first += NK_DRIVER_ROWS) {
         uint64_t rows = q->vectors - first < NK_DRIVER_ROWS ? q->vectors - first : NK_DRIVER_ROWS;
-        nk_prefetch_share(d, first, NK_DRIVER_ROWS, q->vectors);
         nk_driver_group_init(q, first, rows, &group);
         if (group.live) {
             nk_family_prepare(q, d, first, rows, &query);
             for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_DRIVER_BLOCK) {
                 uint64_t docs = d->vectors - first_doc < NK_DRIVER_BLOCK ? d->vectors - first_doc : NK_DRIVER_BLOCK;
-                nk_family_screen(&query, group.growth, rows, d, first_doc, docs, u, top);
+                nk_family_screen(&query, group.growth, rows, d, first_doc, docs, u, top, &prefetch);
                 nk_driver_candidates(q, d, &group, first_doc, docs, u, top, &lists, decoded_row);
             }
         }

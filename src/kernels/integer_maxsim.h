@@ -158,6 +158,9 @@ static double nk_integer_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
     int dtype = (int)q->dtype, binary = dtype == nk_dtype_uint1_k;
     uint64_t stored_words = q->row_bytes / 4;
     double total = 0.0;
+    nk_prefetch_stream_t prefetch = nk_prefetch_stream_of(d);
+    uint64_t groups = (q->vectors + NK_INTEGER_ROWS - 1) / NK_INTEGER_ROWS;
+    uint64_t share = groups ? (prefetch.lines + groups - 1) / groups : 0;
     for (uint64_t chunk = 0; chunk < q->vectors; chunk += NK_INTEGER_QUERY_CHUNK) {
         uint64_t chunk_rows = q->vectors - chunk < NK_INTEGER_QUERY_CHUNK ? q->vectors - chunk : NK_INTEGER_QUERY_CHUNK;
         for (uint64_t r = 0; r < chunk_rows + NK_INTEGER_ROWS; ++r) best[r] = binary ? (double)INT32_MAX : -2.0;
@@ -171,7 +174,7 @@ static double nk_integer_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
                 }
             for (uint64_t first = chunk; first < chunk + chunk_rows; first += NK_INTEGER_ROWS) {
                 uint64_t rows = chunk + chunk_rows - first < NK_INTEGER_ROWS ? chunk + chunk_rows - first : NK_INTEGER_ROWS;
-                if (first_doc == 0) nk_prefetch_share(d, first, NK_INTEGER_ROWS, q->vectors);
+                if (first_doc == 0) nk_prefetch_lines(&prefetch, share); /* the next document, a share per group */
                 for (uint64_t r = 0; r < NK_INTEGER_ROWS; ++r) /* a zero row's cosines are 0: distance 1 below */
                     inv_q[r] = binary || r >= rows ? 0.0 : nk_integer_inv_norm(q->norms2[first + r]);
                 for (uint64_t w0 = 0; w0 < stored_words; w0 += NK_INTEGER_CHUNK_WORDS) {

@@ -71,13 +71,14 @@ NK_INLINE void nk_neon_screen_quads(uint8_t const *query, uint64_t groups, uint8
  * inlined into the driver, the micro-kernel lost a register and took 24 instructions a step, not 23. */
 static NK_NOINLINE void nk_neon_screen_block(nk_maxsim_view_t const *d, uint8_t const *query, uint64_t g0, uint64_t groups,
                                  uint64_t first_doc, uint64_t docs, int accumulate, uint32_t const *start,
-                                 float *sums) {
+                                 float *sums, nk_prefetch_stream_t *prefetch) {
     for (uint64_t first = 0; first < docs; first += NK_SCREEN_TILE) {
         uint64_t rows = docs - first < NK_SCREEN_TILE ? docs - first : NK_SCREEN_TILE;
         uint64_t stride = 4 * rows; /* bytes per depth group inside this tile */
         uint8_t const *tile = d->screen + (first_doc + first) * d->screen_depth + g0 * stride;
         float *out = sums + first;
         unsigned full_quads = (unsigned)(rows / 4), tail_bytes = (unsigned)(4 * (rows % 4)), quad = 0;
+        nk_prefetch_lines(prefetch, groups); /* the next document: a line per depth group screened */
         for (; quad + 2 <= full_quads; quad += 2)
             nk_neon_screen_quads(query, groups, tile + 16 * quad, stride, 2, 16, accumulate, start, out + 4 * quad);
         if (full_quads - quad == 1) {
@@ -95,11 +96,11 @@ static NK_NOINLINE void nk_neon_screen_block(nk_maxsim_view_t const *d, uint8_t 
 
 /* driver.h's nk_family_screen: the raw sums of each depth chunk, then the shared epilogue. */
 static void nk_neon_screen(nk_arm_group_t *group, float const *growth, uint64_t rows, nk_maxsim_view_t const *d,
-                           uint64_t first_doc, uint64_t docs, float *u, int32_t *top) {
+                           uint64_t first_doc, uint64_t docs, float *u, int32_t *top, nk_prefetch_stream_t *prefetch) {
     uint64_t total = d->screen_depth / 4, groups; /* >= 1: dispatch sends depth 0 to serial */
     for (uint64_t g0 = 0; g0 < total; g0 += groups) {
         uint8_t const *query = nk_arm_query_chunk(group, total, g0, &groups);
-        nk_neon_screen_block(d, query, g0, groups, first_doc, docs, g0 != 0, group->start, u);
+        nk_neon_screen_block(d, query, g0, groups, first_doc, docs, g0 != 0, group->start, u, prefetch);
     }
     nk_arm_finish(growth, rows, d, first_doc, docs, u, top);
 }

@@ -113,21 +113,23 @@ static void nk_sve_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
  * added to) `sums`; a function of its own, so the micro-kernel's registers are allocated alone. */
 static NK_NOINLINE void nk_sve_screen_block(uint8_t const *screen, nk_sve_column_t const *columns, unsigned count,
                                             uint8_t const *query, uint64_t g0, uint64_t groups,
-                                            uint32_t const *start, float *sums) {
+                                            uint32_t const *start, float *sums, nk_prefetch_stream_t *prefetch) {
     unsigned c = 0;
-    for (; c + 2 <= count; c += 2)
+    for (; c + 2 <= count; c += 2) {
+        nk_prefetch_lines(prefetch, groups); /* the next document: a line per depth group screened */
         nk_sve_screen_pair(screen, &columns[c], &columns[c + 1], g0, groups, query, g0 != 0, start, sums);
+    }
     if (c < count) nk_sve_screen_pair(screen, &columns[c], NULL, g0, groups, query, g0 != 0, start, sums);
 }
 
 /* driver.h's nk_family_screen: the raw sums of each depth chunk, then the shared epilogue. */
 static void nk_sve_screen(nk_sve_query_t *query, float const *growth, uint64_t rows, nk_maxsim_view_t const *d,
-                          uint64_t first_doc, uint64_t docs, float *u, int32_t *top) {
+                          uint64_t first_doc, uint64_t docs, float *u, int32_t *top, nk_prefetch_stream_t *prefetch) {
     unsigned count = nk_sve_columns(d->screen_depth, first_doc, docs, query->columns);
     uint64_t total = d->screen_depth / 4, groups; /* >= 1: dispatch sends depth 0 to serial */
     for (uint64_t g0 = 0; g0 < total; g0 += groups) {
         uint8_t const *words = nk_arm_query_chunk(&query->group, total, g0, &groups);
-        nk_sve_screen_block(d->screen, query->columns, count, words, g0, groups, query->group.start, u);
+        nk_sve_screen_block(d->screen, query->columns, count, words, g0, groups, query->group.start, u, prefetch);
     }
     nk_arm_finish(growth, rows, d, first_doc, docs, u, top);
 }

@@ -236,7 +236,7 @@ static void nk_hsw_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
  * stay in L1 for both register blocks. A register block without a nonzero row is skipped: the
  * driver never reads its u. */
 static void nk_hsw_screen(nk_hsw_group_t *group, float const *growth, uint64_t rows, nk_maxsim_view_t const *d,
-                          uint64_t first_doc, uint64_t docs, float *u, int32_t *top) {
+                          uint64_t first_doc, uint64_t docs, float *u, int32_t *top, nk_prefetch_stream_t *prefetch) {
     for (unsigned r = 0; r < NK_HSW_ROWS; ++r) {
         group->growth[r] = r < rows ? growth[r] : 0.0f;
         _mm256_store_ps(group->top[r], _mm256_set1_ps(-INFINITY));
@@ -252,6 +252,7 @@ static void nk_hsw_screen(nk_hsw_group_t *group, float const *growth, uint64_t r
             uint64_t n = nk_min_u64(NK_SCREEN_TILE, d->vectors - first_row);
             uint8_t const *start = d->screen + first_row * d->screen_depth + g0 * 4 * n;
             float const *scales = d->screen_scales + first_row, *errors = d->screen_errors + first_row;
+            nk_prefetch_lines(prefetch, groups); /* the next document: a line per depth group screened */
             for (unsigned s = 0; s < NK_HSW_BLOCKS; ++s) {
                 if (!(group->live_blocks >> s & 1)) continue;
                 unsigned row0 = NK_HSW_BLOCK_ROWS * s;

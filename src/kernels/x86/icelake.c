@@ -37,6 +37,7 @@ typedef struct nk_ice_group {
     nk_maxsim_view_t const *q;
     uint64_t first;
     int words_ready; /* the whole depth is in `words` (one chunk) */
+    nk_prefetch_stream_t *prefetch; /* the next document: a line per depth group screened */
 } nk_ice_group_t;
 #define nk_family_query_t nk_ice_group_t
 
@@ -60,8 +61,10 @@ NK_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t groups,
         for (int t = 0; t < tiles; ++t)
             acc[r][t] = accumulate ? _mm512_load_si512(scores + (unsigned)r * NK_ICE_BLOCK_DOCS + 16u * (unsigned)t)
                                    : _mm512_set1_epi32(group->start[r]);
+    nk_prefetch_stream_t prefetch = *group->prefetch; /* in registers through the loop */
     for (uint64_t g = 0; g < groups; ++g, doc += 64, partial += 4 * partial_rows, query_groups += NK_ICE_ROWS) {
         __m512i doc_bytes[NK_ICE_TILES];
+        nk_prefetch_lines(&prefetch, 1);
 #pragma GCC unroll 4
         for (int t = 0; t < tiles; ++t)
             doc_bytes[t] = partial_rows && t == tiles - 1 ? _mm512_maskz_loadu_epi32(last_lanes, partial)
@@ -73,6 +76,7 @@ NK_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t groups,
             for (int t = 0; t < tiles; ++t) acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], doc_bytes[t], query);
         }
     }
+    *group->prefetch = prefetch;
     if (!finish) {
 #pragma GCC unroll 8
         for (int r = 0; r < NK_ICE_ROWS; ++r)
@@ -257,7 +261,8 @@ static void nk_ice_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
 #define nk_family_prepare nk_ice_prepare
 
 static void nk_ice_screen(nk_ice_group_t *group, float const *growth, uint64_t rows, nk_maxsim_view_t const *d,
-                          uint64_t first_doc, uint64_t docs, float *u, int32_t *top) {
+                          uint64_t first_doc, uint64_t docs, float *u, int32_t *top, nk_prefetch_stream_t *prefetch) {
+    group->prefetch = prefetch;
     for (unsigned r = 0; r < NK_ICE_ROWS; ++r) group->growth[r] = r < rows ? growth[r] : 0.0f;
     nk_ice_screen_block(group->q, d, group->first, first_doc, docs, group->words, group->words_ready, u, group);
     nk_x512_read_tops(group->top, rows, docs, top);

@@ -280,7 +280,7 @@ static void nk_samx_finish(nk_samx_group_t *group, nk_maxsim_view_t const *d, ui
 /* The biased sums of one query tile (rows [16 half, 16 half + 16) of the group) against documents
  * [first_doc, first_doc + docs) into u, depth pass by depth pass. */
 static void nk_samx_dots_block(nk_samx_group_t *group, nk_maxsim_view_t const *d, unsigned half, uint64_t first_doc,
-                               uint64_t docs, float *u) {
+                               uint64_t docs, float *u, nk_prefetch_stream_t *prefetch) {
     nk_samx_depth_t const depth = group->depth;
     uint64_t total_steps = depth.steps, tile_bytes = NK_SCREEN_TILE * d->screen_depth;
     uint64_t tiles = (docs + 15) / 16, partial = docs % 16;
@@ -325,6 +325,7 @@ static void nk_samx_dots_block(nk_samx_group_t *group, nk_maxsim_view_t const *d
             }
             int32_t *out = sums + 16 * t;
             int32_t const *init = accumulate ? out : NULL;
+            nk_prefetch_lines(prefetch, 16 * steps); /* the next document: a line per depth group screened */
             switch (quad) {
             case 4: nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, stationary, 4); nk_samx_quad_store(out, 4); break;
             case 3: nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, stationary, 3); nk_samx_quad_store(out, 3); break;
@@ -365,7 +366,7 @@ NK_INLINE void nk_samx_pair_dots(int8_t const *a0, int8_t const *a1, uint8_t con
 /* The paired form of nk_samx_dots_block, both query tiles at once, for a depth of 16 groups or more
  * in a single pass: each document tile loaded from L2 serves both. */
 static void nk_samx_dots_block_pair(nk_samx_group_t *group, nk_maxsim_view_t const *d, uint64_t first_doc,
-                                    uint64_t docs, float *u) {
+                                    uint64_t docs, float *u, nk_prefetch_stream_t *prefetch) {
     nk_samx_depth_t const depth = group->depth;
     uint64_t tile_bytes = NK_SCREEN_TILE * d->screen_depth, tiles = (docs + 15) / 16;
     uint64_t direct_tiles = first_doc + docs == d->vectors && docs % 16 ? tiles - 1 : tiles;
@@ -375,6 +376,7 @@ static void nk_samx_dots_block_pair(nk_samx_group_t *group, nk_maxsim_view_t con
     for (uint64_t t = 0; t < tiles; t += 2) {
         uint8_t const *doc[2];
         for (unsigned k = 0; k < 2; ++k) doc[k] = t + k < direct_tiles ? block + (t + k) * tile_bytes : group->last_tile;
+        nk_prefetch_lines(prefetch, 16 * depth.steps); /* the next document: a line per depth group screened */
         if (t + 1 < tiles) {
             nk_samx_pair_dots(group->query_tiles[0], group->query_tiles[1], doc, depth.steps, tail_back, 2);
             _tile_stored(0, sums0 + 16 * t, NK_SAMX_ROW_BYTES);
@@ -416,11 +418,13 @@ static void nk_samx_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d
 #define nk_family_prepare nk_samx_prepare
 
 static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t rows, nk_maxsim_view_t const *d,
-                           uint64_t first_doc, uint64_t docs, float *u, int32_t *top) {
+                           uint64_t first_doc, uint64_t docs, float *u, int32_t *top, nk_prefetch_stream_t *prefetch) {
     for (unsigned r = 0; r < rows; ++r) _mm512_store_ps(group->top[r], _mm512_set1_ps(-INFINITY));
-    if (rows > 16 && group->single_pass && !group->depth.tiny) nk_samx_dots_block_pair(group, d, first_doc, docs, u);
+    if (rows > 16 && group->single_pass && !group->depth.tiny)
+        nk_samx_dots_block_pair(group, d, first_doc, docs, u, prefetch);
     else
-        for (unsigned half = 0; 16 * half < rows; ++half) nk_samx_dots_block(group, d, half, first_doc, docs, u);
+        for (unsigned half = 0; 16 * half < rows; ++half)
+            nk_samx_dots_block(group, d, half, first_doc, docs, u, prefetch);
     nk_samx_finish(group, d, 0, rows, first_doc, docs, growth, u);
     nk_x512_read_tops(group->top, rows, docs, top);
 }
@@ -461,6 +465,7 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
     /* The values as the screen sections the tile code reads. */
     nk_maxsim_view_t qs = *q, ds = *d;
     qs.screen = (uint8_t const *)q->values, ds.screen = (uint8_t const *)d->values;
+    nk_prefetch_stream_t prefetch = nk_prefetch_stream_of(d);
     double total = 0.0;
     for (uint64_t first = 0; first < q->vectors; first += NK_SAMX_ROWS) {
         uint64_t rows = q->vectors - first < NK_SAMX_ROWS ? q->vectors - first : NK_SAMX_ROWS;
@@ -471,9 +476,11 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
         for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_SAMX_BLOCK_DOCS) {
             uint64_t docs = d->vectors - first_doc < NK_SAMX_BLOCK_DOCS ? d->vectors - first_doc : NK_SAMX_BLOCK_DOCS;
             for (uint64_t j = 0; j < docs; ++j) inv_d[j] = nk_integer_inv_norm(d->norms2[first_doc + j]);
-            if (rows > 16 && group.single_pass && !group.depth.tiny) nk_samx_dots_block_pair(&group, &ds, first_doc, docs, u);
+            if (rows > 16 && group.single_pass && !group.depth.tiny)
+                nk_samx_dots_block_pair(&group, &ds, first_doc, docs, u, &prefetch);
             else
-                for (unsigned half = 0; 16 * half < rows; ++half) nk_samx_dots_block(&group, &ds, half, first_doc, docs, u);
+                for (unsigned half = 0; 16 * half < rows; ++half)
+                    nk_samx_dots_block(&group, &ds, half, first_doc, docs, u, &prefetch);
             for (uint64_t r = 0; r < rows; ++r) {
                 int32_t const *sums = (int32_t const *)(void const *)(u + r * NK_SAMX_BLOCK_DOCS);
                 __m512i unbias = _mm512_set1_epi32(bias[r]);

@@ -76,6 +76,7 @@ typedef struct nk_skl_group {
     unsigned rows;            /* query rows in the tile */
     int split_ready;          /* the whole depth is in `split` (one chunk) */
     int few_docs;             /* the matrix's partial last tile goes through nk_skl_screen_few_docs */
+    nk_prefetch_stream_t *prefetch; /* the next document: a line per depth group screened */
 } nk_skl_group_t;
 #define nk_family_query_t nk_skl_group_t
 
@@ -103,8 +104,10 @@ NK_INLINE void nk_skl_screen_rows(unsigned const rows, unsigned const row0, nk_s
                        : _mm512_load_si512((void const *)(u + r * NK_SKL_BLOCK_DOCS));
     __m512i const even_bytes = _mm512_set1_epi32(0x00FF00FF);
     uint32_t const *split = group->split + row0;
+    nk_prefetch_stream_t prefetch = *group->prefetch; /* in registers through the loop */
     for (uint64_t g = 0; g < groups; ++g) {
         __m512i d_bytes = _mm512_maskz_loadu_epi8(doc_mask, doc + g * doc_stride);
+        nk_prefetch_lines(&prefetch, 1);
         __m512i d_even = _mm512_and_si512(d_bytes, even_bytes), d_odd = _mm512_srli_epi16(d_bytes, 8);
         uint32_t const *q_group = split + g * 2 * NK_SKL_TILE;
 #pragma GCC unroll 16
@@ -115,6 +118,7 @@ NK_INLINE void nk_skl_screen_rows(unsigned const rows, unsigned const row0, nk_s
             acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(d_odd, q_odd));
         }
     }
+    *group->prefetch = prefetch;
     if (!last) {
 #pragma GCC unroll 16
         for (unsigned r = 0; r < rows; ++r) _mm512_store_si512((void *)(u + r * NK_SKL_BLOCK_DOCS), acc[r]);
@@ -255,7 +259,8 @@ static void nk_skl_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
 #define nk_family_prepare nk_skl_prepare
 
 static void nk_skl_screen(nk_skl_group_t *group, float const *growth, uint64_t rows, nk_maxsim_view_t const *d,
-                          uint64_t first_doc, uint64_t docs, float *u, int32_t *top) {
+                          uint64_t first_doc, uint64_t docs, float *u, int32_t *top, nk_prefetch_stream_t *prefetch) {
+    group->prefetch = prefetch;
     uint64_t const groups = d->screen_depth / 4, tiles = (docs + NK_SKL_TILE - 1) / NK_SKL_TILE;
     for (unsigned r = 0; r < NK_SKL_TILE; ++r) {
         group->growth[r] = r < rows ? growth[r] : 0.0f;
