@@ -26,13 +26,15 @@
  *   void nk_family_integer_block(int dtype, int32_t const *words, nk_maxsim_view_t const *d,
  *                                uint64_t first_doc, uint64_t docs, uint64_t first_word, uint64_t count,
  *                                int accumulate, int finish, int32_t const *bias, double const *inv_q,
- *                                double const *inv_d, int32_t *dots, double *best)
+ *                                double const *inv_d, int32_t *dots, double *best,
+ *                                nk_prefetch_stream_t *prefetch)
  *       For rows r < NK_INTEGER_ROWS and documents j < docs, D[r][j] = (accumulate ?
  *       dots[r * NK_INTEGER_BLOCK + j] : 0) + the exact dot product of query row r's and document j's
  *       codes over stored words [first_word, first_word + count) (uint1: their Hamming distance);
  *       a kernel that multiplies the biased document codes as stored subtracts bias[r]. D is kept in
  *       dots unless `finish`, when best[r] becomes the larger of itself and max over j of
  *       ((double)D[r][j] * inv_q[r]) * inv_d[j] (uint1: the smaller of itself and min over j of D[r][j]).
+ *       It takes a line of `prefetch` (the next document) per word of a 16-document tile it reads.
  * Stack: 16 KB of words, 16 KB of dots, 4 KB of inverse norms, 2 KB of best cosines.
  */
 #ifndef NUMKONG_INTEGER_MAXSIM_H
@@ -102,11 +104,12 @@ static void nk_integer_prepare_portable(int dtype, uint8_t const *source, uint64
 static void nk_integer_block_portable(int dtype, int32_t const *words, nk_maxsim_view_t const *d, uint64_t first_doc,
                                       uint64_t docs, uint64_t first_word, uint64_t count, int accumulate, int finish,
                                       int32_t const *bias, double const *inv_q, double const *inv_d, int32_t *dots,
-                                      double *best) {
+                                      double *best, nk_prefetch_stream_t *prefetch) {
     for (uint64_t t0 = 0; t0 < docs; t0 += NK_SCREEN_TILE) {
         uint64_t tile = (first_doc + t0) / NK_SCREEN_TILE, n = d->vectors - tile * NK_SCREEN_TILE;
         if (n > NK_SCREEN_TILE) n = NK_SCREEN_TILE;
         uint8_t const *base = (uint8_t const *)d->values + tile * NK_SCREEN_TILE * d->row_bytes + first_word * 4 * n;
+        nk_prefetch_lines(prefetch, count); /* the next document: a line per word of a tile screened */
         for (uint64_t r = 0; r < NK_INTEGER_ROWS; ++r) {
             int32_t acc[NK_SCREEN_TILE];
             int32_t *out = dots + r * NK_INTEGER_BLOCK + t0;
@@ -159,8 +162,6 @@ static double nk_integer_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
     uint64_t stored_words = q->row_bytes / 4;
     double total = 0.0;
     nk_prefetch_stream_t prefetch = nk_prefetch_stream_of(d);
-    uint64_t groups = (q->vectors + NK_INTEGER_ROWS - 1) / NK_INTEGER_ROWS;
-    uint64_t share = groups ? (prefetch.lines + groups - 1) / groups : 0;
     for (uint64_t chunk = 0; chunk < q->vectors; chunk += NK_INTEGER_QUERY_CHUNK) {
         uint64_t chunk_rows = q->vectors - chunk < NK_INTEGER_QUERY_CHUNK ? q->vectors - chunk : NK_INTEGER_QUERY_CHUNK;
         for (uint64_t r = 0; r < chunk_rows + NK_INTEGER_ROWS; ++r) best[r] = binary ? (double)INT32_MAX : -2.0;
@@ -174,7 +175,6 @@ static double nk_integer_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
                 }
             for (uint64_t first = chunk; first < chunk + chunk_rows; first += NK_INTEGER_ROWS) {
                 uint64_t rows = chunk + chunk_rows - first < NK_INTEGER_ROWS ? chunk + chunk_rows - first : NK_INTEGER_ROWS;
-                if (first_doc == 0) nk_prefetch_lines(&prefetch, share); /* the next document, a share per group */
                 for (uint64_t r = 0; r < NK_INTEGER_ROWS; ++r) /* a zero row's cosines are 0: distance 1 below */
                     inv_q[r] = binary || r >= rows ? 0.0 : nk_integer_inv_norm(q->norms2[first + r]);
                 for (uint64_t w0 = 0; w0 < stored_words; w0 += NK_INTEGER_CHUNK_WORDS) {
@@ -183,7 +183,8 @@ static double nk_integer_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
                     uint8_t const *source = nk_integer_group_words(q, first, w0, &step);
                     nk_family_integer_prepare(dtype, source, step, rows, count, words, bias);
                     nk_family_integer_block(dtype, words, d, first_doc, docs, w0, count, w0 != 0,
-                                            w0 + count == stored_words, bias, inv_q, inv_d, dots, best + (first - chunk));
+                                            w0 + count == stored_words, bias, inv_q, inv_d, dots, best + (first - chunk),
+                                            &prefetch);
                 }
             }
         }

@@ -241,14 +241,16 @@ NK_INLINE void nk_neon_integer_tile(int const dtype, int32_t const *words, nk_ma
 static void nk_neon_integer_block(int dtype, int32_t const *words, nk_maxsim_view_t const *d, uint64_t first_doc,
                                   uint64_t docs, uint64_t first_word, uint64_t count, int accumulate, int finish,
                                   int32_t const *bias, double const *inv_q, double const *inv_d, int32_t *dots,
-                                  double *best) {
+                                  double *best, nk_prefetch_stream_t *prefetch) {
     (void)bias; /* true dot products */
     /* One loop per dtype, so that each inlines its own step. */
 #define NK_NEON_INTEGER_CASE(code)                                                                              \
     case code:                                                                                                  \
-        for (uint64_t t0 = 0; t0 < docs; t0 += NK_SCREEN_TILE)                                                  \
+        for (uint64_t t0 = 0; t0 < docs; t0 += NK_SCREEN_TILE) {                                                \
+            nk_prefetch_lines(prefetch, count); /* the next document: a line per word of a tile */              \
             nk_neon_integer_tile(code, words, d, first_doc, t0, docs - t0 < NK_SCREEN_TILE ? docs - t0 : NK_SCREEN_TILE, \
                                  first_word, count, accumulate, dots);                                          \
+        }                                                                                                       \
         break;
     switch (dtype) {
         NK_NEON_INTEGER_CASE(nk_dtype_int8_k)

@@ -218,7 +218,7 @@ NK_INLINE void nk_sve_integer_pair(int const dtype, int32_t const *words, uint8_
 static void nk_sve_integer_block(int dtype, int32_t const *words, nk_maxsim_view_t const *d, uint64_t first_doc,
                                  uint64_t docs, uint64_t first_word, uint64_t count, int accumulate, int finish,
                                  int32_t const *bias, double const *inv_q, double const *inv_d, int32_t *dots,
-                                 double *best) {
+                                 double *best, nk_prefetch_stream_t *prefetch) {
     (void)bias; /* true dot products */
     nk_sve_column_t columns[NK_SVE_MAX_COLUMNS];
     unsigned total = nk_sve_columns(d->row_bytes, first_doc, docs, columns), c = 0;
@@ -226,8 +226,10 @@ static void nk_sve_integer_block(int dtype, int32_t const *words, nk_maxsim_view
     /* One loop per dtype, so that each inlines its own step. */
 #define NK_SVE_INTEGER_CASE(code)                                                                             \
     case code:                                                                                                \
-        for (c = 0; c + 2 <= total; c += 2)                                                                   \
+        for (c = 0; c + 2 <= total; c += 2) {                                                                 \
+            nk_prefetch_lines(prefetch, count); /* the next document: a line per word screened */             \
             nk_sve_integer_pair(code, words, values, &columns[c], &columns[c + 1], first_word, count, accumulate, dots); \
+        }                                                                                                     \
         if (c < total) nk_sve_integer_pair(code, words, values, &columns[c], NULL, first_word, count, accumulate, dots); \
         break;
     switch (dtype) {

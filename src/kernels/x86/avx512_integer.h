@@ -140,7 +140,7 @@ NK_INLINE void nk_x512_integer_tiles(int dtype, int32_t const *words, nk_maxsim_
 static void nk_x512_integer_block(int dtype, int32_t const *words, nk_maxsim_view_t const *d, uint64_t first_doc,
                                   uint64_t docs, uint64_t first_word, uint64_t count, int accumulate, int finish,
                                   int32_t const *bias, double const *inv_q, double const *inv_d, int32_t *dots,
-                                  double *best) {
+                                  double *best, nk_prefetch_stream_t *prefetch) {
     nk_x512_integer_best_t lanes;
     for (unsigned r = 0; r < NK_INTEGER_ROWS; ++r) {
         lanes.cos[r][0] = lanes.cos[r][1] = _mm512_set1_pd(-2.0);
@@ -150,9 +150,11 @@ static void nk_x512_integer_block(int dtype, int32_t const *words, nk_maxsim_vie
     /* Full tiles two at a time; one case per dtype so that each inlines its own step. */
 #define NK_X512_INTEGER_CASE(code) \
     case code: \
-        for (; tile + 2 <= full; tile += 2) \
+        for (; tile + 2 <= full; tile += 2) { \
+            nk_prefetch_lines(prefetch, 2 * count); /* the next document: a line per word of a tile */ \
             nk_x512_integer_tiles(code, words, d, first_doc, tile, 2, 16, first_word, count, accumulate, finish, bias, \
                                   inv_q, inv_d, dots, &lanes); \
+        } \
         if (tile < full) \
             nk_x512_integer_tiles(code, words, d, first_doc, tile++, 1, 16, first_word, count, accumulate, finish, \
                                   bias, inv_q, inv_d, dots, &lanes); \
