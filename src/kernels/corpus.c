@@ -377,8 +377,8 @@ typedef struct nk_corpus_job {
 } nk_corpus_job_t;
 
 /* Documents are claimed a few at a time so that a worker knows its next one and can ask for its
- * screening sections (everything after the values, which only candidates touch) while it scores
- * the current one: a corpus comes from memory, not from cache. */
+ * screening sections (and, scoring every document in full, its values) while it scores the current
+ * one: a corpus comes from memory, not from cache. */
 #define NK_CORPUS_CLAIM 4u
 
 static void nk_corpus_prefetch_range(void const *first, void const *end) {
@@ -386,14 +386,19 @@ static void nk_corpus_prefetch_range(void const *first, void const *end) {
 }
 
 /* Prefetch the small per-row sections of `document`, the successor of `previous` in a walk, and name
- * its bulk (what its kernel reads first) in previous->next_bytes: the kernel scoring `previous`
- * prefetches that a line at a time (nk_prefetch_stream_of). */
-static void nk_corpus_prefetch(nk_maxsim_view_t const *document, nk_maxsim_view_t *previous) {
+ * its bulk (what its kernel reads first) in previous->next_bytes, and with `values_too` its values
+ * (what full scoring's rescoring reads) in previous->next_values: the kernel scoring `previous`
+ * prefetches those a line at a time (nk_prefetch_stream_of). */
+static void nk_corpus_prefetch(nk_maxsim_view_t const *document, nk_maxsim_view_t *previous, int values_too) {
     uint64_t n = document->vectors;
     if (document->inv_norms) { /* float formats: inv_norms, then (after the screen) scales, errors, sums */
         nk_corpus_prefetch_range(document->inv_norms, document->inv_norms + n);
         nk_corpus_prefetch_range(document->screen_scales, document->screen_sums + n);
         previous->next_bytes = document->screen, previous->next_count = n * document->screen_depth;
+        if (values_too) {
+            previous->next_values = (uint8_t const *)document->values;
+            previous->next_values_count = n * document->row_bytes;
+        }
         return;
     }
     if (document->norms2) /* int8, int4: the norms and scales, after the values (uint1 has neither) */
@@ -416,10 +421,11 @@ typedef struct nk_corpus_walk {
     uint64_t document, end;     /* the current document and the end of its claim */
     uint64_t claimed;           /* the first document of the next claim (>= documents: none) */
     nk_maxsim_view_t current, upcoming;
+    int values_too;             /* every document is scored in full (nk_corpus_prefetch) */
 } nk_corpus_walk_t;
 
-static void nk_corpus_walk_start(nk_corpus_walk_t *walk, nk_corpus_t const *corpus, uint64_t *next) {
-    walk->corpus = corpus, walk->next = next;
+static void nk_corpus_walk_start(nk_corpus_walk_t *walk, nk_corpus_t const *corpus, uint64_t *next, int values_too) {
+    walk->corpus = corpus, walk->next = next, walk->values_too = values_too;
     walk->claimed = nk_atomic_fetch_add_u64(next, NK_CORPUS_CLAIM);
     walk->document = walk->end = 0;
     if (walk->claimed < corpus->info.documents) nk_corpus_view(corpus, walk->claimed, &walk->upcoming);
@@ -444,7 +450,7 @@ static int nk_corpus_walk_next(nk_corpus_walk_t *walk) {
     }
     if (successor < documents) {
         nk_corpus_view(walk->corpus, successor, &walk->upcoming);
-        nk_corpus_prefetch(&walk->upcoming, &walk->current);
+        nk_corpus_prefetch(&walk->upcoming, &walk->current, walk->values_too);
     }
     return 1;
 }
@@ -453,7 +459,7 @@ static void *nk_corpus_worker(void *argument) {
     nk_corpus_job_t *job = (nk_corpus_job_t *)argument;
     uint64_t documents = job->corpus->info.documents;
     nk_corpus_walk_t walk;
-    nk_corpus_walk_start(&walk, job->corpus, &job->next);
+    nk_corpus_walk_start(&walk, job->corpus, &job->next, 1);
     while (nk_corpus_walk_next(&walk))
         for (uint64_t i = 0; i < job->query_count; ++i) { /* every query while the document is in cache */
             nk_status_t status = nk_maxsim_score_views(job->kernel, &job->queries[i], &walk.current,
@@ -571,7 +577,7 @@ static void *nk_top_k_worker(void *argument) {
     nk_ranked_t *heaps = job->heaps + thread * job->query_count * job->k;
     uint64_t *counts = job->counts + thread * job->query_count;
     nk_corpus_walk_t walk;
-    nk_corpus_walk_start(&walk, job->corpus, &job->next);
+    nk_corpus_walk_start(&walk, job->corpus, &job->next, 0); /* most documents stop at their screening */
     while (nk_corpus_walk_next(&walk))
         for (uint64_t i = 0; i < job->query_count; ++i) { /* every query while the document is in cache */
             nk_maxsim_view_t query = job->queries[i];

@@ -37,7 +37,7 @@ typedef struct nk_ice_group {
     nk_maxsim_view_t const *q;
     uint64_t first;
     int words_ready; /* the whole depth is in `words` (one chunk) */
-    nk_prefetch_stream_t *prefetch; /* the next document: a line per depth group screened */
+    nk_prefetch_stream_t *prefetch; /* the next document: two lines per depth group screened */
 } nk_ice_group_t;
 #define nk_family_query_t nk_ice_group_t
 
@@ -64,7 +64,7 @@ NK_INLINE void nk_ice_screen_tiles(int32_t const *query_groups, uint64_t groups,
     nk_prefetch_stream_t prefetch = *group->prefetch; /* in registers through the loop */
     for (uint64_t g = 0; g < groups; ++g, doc += 64, partial += 4 * partial_rows, query_groups += NK_ICE_ROWS) {
         __m512i doc_bytes[NK_ICE_TILES];
-        nk_prefetch_lines(&prefetch, 1);
+        nk_prefetch_lines(&prefetch, 2); /* full scoring streams the values too: 3x the screen */
 #pragma GCC unroll 4
         for (int t = 0; t < tiles; ++t)
             doc_bytes[t] = partial_rows && t == tiles - 1 ? _mm512_maskz_loadu_epi32(last_lanes, partial)

@@ -76,7 +76,7 @@ typedef struct nk_skl_group {
     unsigned rows;            /* query rows in the tile */
     int split_ready;          /* the whole depth is in `split` (one chunk) */
     int few_docs;             /* the matrix's partial last tile goes through nk_skl_screen_few_docs */
-    nk_prefetch_stream_t *prefetch; /* the next document: a line per depth group screened */
+    nk_prefetch_stream_t *prefetch; /* the next document: two lines per depth group screened */
 } nk_skl_group_t;
 #define nk_family_query_t nk_skl_group_t
 
@@ -107,7 +107,7 @@ NK_INLINE void nk_skl_screen_rows(unsigned const rows, unsigned const row0, nk_s
     nk_prefetch_stream_t prefetch = *group->prefetch; /* in registers through the loop */
     for (uint64_t g = 0; g < groups; ++g) {
         __m512i d_bytes = _mm512_maskz_loadu_epi8(doc_mask, doc + g * doc_stride);
-        nk_prefetch_lines(&prefetch, 1);
+        nk_prefetch_lines(&prefetch, 2); /* full scoring streams the values too: 3x the screen */
         __m512i d_even = _mm512_and_si512(d_bytes, even_bytes), d_odd = _mm512_srli_epi16(d_bytes, 8);
         uint32_t const *q_group = split + g * 2 * NK_SKL_TILE;
 #pragma GCC unroll 16
