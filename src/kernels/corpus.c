@@ -264,7 +264,8 @@ nk_status_t nk_corpus_finish(void *data, nk_corpus_entry_t const *entries, uint6
 }
 
 void nk_corpus_seal(nk_corpus_t *corpus) {
-    corpus->info.checksum = nk_checksum_of((char const *)corpus->data + NK_HEADER_BYTES, corpus->info.nbytes - NK_HEADER_BYTES);
+    char const *bytes = (char const *)corpus->data;
+    corpus->info.checksum = nk_checksum_of(bytes + NK_HEADER_BYTES, corpus->info.nbytes - NK_HEADER_BYTES);
     nk_corpus_header_write(&corpus->info, (void *)(uintptr_t)corpus->data);
 }
 
@@ -386,24 +387,21 @@ static void nk_corpus_prefetch_range(void const *first, void const *end) {
 }
 
 /* Prefetch the small per-row sections of `document`, the successor of `previous` in a walk, and name
- * its bulk (what its kernel reads first) in previous->next_bytes, and with `values_too` its values
- * (what full scoring's rescoring reads) in previous->next_values: the kernel scoring `previous`
- * prefetches those a line at a time (nk_prefetch_stream_of). */
+ * its bulk (what its kernel reads first), then with `values_too` its values (what full scoring's
+ * rescoring reads), in previous->next: the kernel scoring `previous` prefetches those a line at a
+ * time. */
 static void nk_corpus_prefetch(nk_maxsim_view_t const *document, nk_maxsim_view_t *previous, int values_too) {
     uint64_t n = document->vectors;
     if (document->inv_norms) { /* float formats: inv_norms, then (after the screen) scales, errors, sums */
         nk_corpus_prefetch_range(document->inv_norms, document->inv_norms + n);
         nk_corpus_prefetch_range(document->screen_scales, document->screen_sums + n);
-        previous->next_bytes = document->screen, previous->next_count = n * document->screen_depth;
-        if (values_too) {
-            previous->next_values = (uint8_t const *)document->values;
-            previous->next_values_count = n * document->row_bytes;
-        }
+        uint64_t values_bytes = values_too ? n * document->row_bytes : 0;
+        previous->next = nk_prefetch_stream(document->screen, n * document->screen_depth, document->values, values_bytes);
         return;
     }
     if (document->norms2) /* int8, int4: the norms and scales, after the values (uint1 has neither) */
         nk_corpus_prefetch_range(document->norms2, document->scales + n);
-    previous->next_bytes = (uint8_t const *)document->values, previous->next_count = n * document->row_bytes;
+    previous->next = nk_prefetch_stream(document->values, n * document->row_bytes, NULL, 0);
 }
 
 static void nk_corpus_view(nk_corpus_t const *corpus, uint64_t index, nk_maxsim_view_t *view) {

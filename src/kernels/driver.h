@@ -416,7 +416,7 @@ static double nk_driver_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t const
     _Alignas(64) nk_family_query_t query;
     nk_driver_group_t group;
     nk_driver_lists_t lists;
-    nk_prefetch_stream_t prefetch = nk_prefetch_stream_of(d);
+    nk_prefetch_stream_t prefetch = d->next;
     double total = 0.0;
     if (q->stop_above < INFINITY && d->vectors <= NK_DRIVER_BLOCK) {
         double bound = nk_driver_bound_pass(q, d, u, top, &query, &group, &prefetch);

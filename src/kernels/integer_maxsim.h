@@ -161,7 +161,7 @@ static double nk_integer_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t cons
     int dtype = (int)q->dtype, binary = dtype == nk_dtype_uint1_k;
     uint64_t stored_words = q->row_bytes / 4;
     double total = 0.0;
-    nk_prefetch_stream_t prefetch = nk_prefetch_stream_of(d);
+    nk_prefetch_stream_t prefetch = d->next;
     for (uint64_t chunk = 0; chunk < q->vectors; chunk += NK_INTEGER_QUERY_CHUNK) {
         uint64_t chunk_rows = q->vectors - chunk < NK_INTEGER_QUERY_CHUNK ? q->vectors - chunk : NK_INTEGER_QUERY_CHUNK;
         for (uint64_t r = 0; r < chunk_rows + NK_INTEGER_ROWS; ++r) best[r] = binary ? (double)INT32_MAX : -2.0;

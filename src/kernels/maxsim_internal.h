@@ -93,6 +93,41 @@ typedef struct nk_corpus_header {
     uint8_t reserved[NK_HEADER_BYTES - 8 - 4 - 4 - 7 * 8];
 } nk_corpus_header_t;
 
+/* The next document's bytes, prefetched into L2 a few cache lines at a time from inside the work on
+ * the current document: a family's screening loop takes a line or two per step, so the lines arrive
+ * spread over the screening. One burst per query group (a quarter of the screen at a time) had the
+ * core waiting on the loads of the next document: stepping it from the icelake micro-kernel made
+ * top_k=10 1.39x and full scoring 1.18x faster, and adding the values in full scoring another 1.23x
+ * (20k clustered float16 documents, one thread). */
+typedef struct nk_prefetch_stream {
+    uint8_t const *next; /* the first line not prefetched yet */
+    uint64_t lines;      /* lines left, from `next` on */
+    uint8_t const *rest; /* the second range, taken up when the first runs out */
+    uint64_t rest_lines;
+} nk_prefetch_stream_t;
+
+/* A stream over `first_bytes` bytes at `first`, then `rest_bytes` at `rest` (either may be empty). */
+static inline nk_prefetch_stream_t nk_prefetch_stream(void const *first, uint64_t first_bytes, void const *rest,
+                                                      uint64_t rest_bytes) {
+    nk_prefetch_stream_t stream = {(uint8_t const *)first, (first_bytes + 63) / 64, (uint8_t const *)rest,
+                                   (rest_bytes + 63) / 64};
+    if (!stream.lines) stream.next = stream.rest, stream.lines = stream.rest_lines, stream.rest_lines = 0;
+    return stream;
+}
+
+/* Prefetch the stream's next `lines` cache lines (fewer once it runs out); `next` never moves past
+ * the last line of its range. */
+static inline void nk_prefetch_lines(nk_prefetch_stream_t *stream, uint64_t lines) {
+    for (; lines && stream->lines; --lines) {
+        nk_prefetch_l2(stream->next);
+        if (--stream->lines) stream->next += 64;
+        else if (stream->rest_lines) {
+            stream->next = stream->rest, stream->lines = stream->rest_lines;
+            stream->rest_lines = 0;
+        }
+    }
+}
+
 /* What a kernel reads from one packed operand. */
 typedef struct nk_maxsim_view {
     uint32_t dtype;
@@ -109,49 +144,12 @@ typedef struct nk_maxsim_view {
     uint32_t const *norms2; /* integer formats: sum of q^2 per row (int8, int4), else NULL */
     float const *scales;    /* integer formats: value = scale x q per row (int8, int4), else NULL */
     int cold; /* a hint: the rows come from memory (a corpus), so prefetching candidate rows pays */
-    /* Documents in a corpus walk: the bytes the next document's scoring reads first (its screen, or
-     * an integer format's tiled values), for nk_prefetch_stream_of; else NULL and 0. */
-    uint8_t const *next_bytes;
-    uint64_t next_count;
-    /* And, when the walk scores every document in full (no top-k), the next document's values, which
-     * its rescoring reads; else NULL and 0. */
-    uint8_t const *next_values;
-    uint64_t next_values_count;
+    /* Documents in a corpus walk: the next document's bytes its scoring reads first (its screen, or an
+     * integer format's tiled values), then, when the walk scores every document in full (no top-k),
+     * its values, which rescoring reads; empty otherwise. A kernel prefetches from a copy. */
+    nk_prefetch_stream_t next;
     double stop_above; /* queries only: a kernel may stop once the result is proven above this (top-k) */
 } nk_maxsim_view_t;
-
-/* The next document's bytes (d->next_bytes, then d->next_values, in a corpus walk), prefetched into
- * L2 a few cache lines at a time from inside the work on the current document: a family's screening
- * loop takes a line or two per step, so the lines arrive spread over the screening. One burst per
- * query group (a quarter of the screen at a time) had the core waiting on the loads of the next
- * document: stepping it from the icelake micro-kernel made top_k=10 1.39x and full scoring 1.18x
- * faster, and adding the values in full scoring another 1.23x (20k clustered float16 documents,
- * one thread). */
-typedef struct nk_prefetch_stream {
-    uint8_t const *next; /* the first line not prefetched yet */
-    uint64_t lines;      /* lines left, from `next` on */
-    uint8_t const *rest; /* the second range, taken up when the first runs out */
-    uint64_t rest_lines;
-} nk_prefetch_stream_t;
-
-static inline nk_prefetch_stream_t nk_prefetch_stream_of(nk_maxsim_view_t const *d) {
-    nk_prefetch_stream_t stream = {d->next_bytes, d->next_bytes ? (d->next_count + 63) / 64 : 0, d->next_values,
-                                   d->next_values ? (d->next_values_count + 63) / 64 : 0};
-    return stream;
-}
-
-/* Prefetch the stream's next `lines` cache lines (fewer once it runs out); `next` never moves past
- * the last line of its range. */
-static inline void nk_prefetch_lines(nk_prefetch_stream_t *stream, uint64_t lines) {
-    for (; lines && stream->lines; --lines) {
-        nk_prefetch_l2(stream->next);
-        if (--stream->lines) stream->next += 64;
-        else if (stream->rest_lines) {
-            stream->next = stream->rest, stream->lines = stream->rest_lines;
-            stream->rest_lines = 0;
-        }
-    }
-}
 
 /* Kernel contract (kernels are reached through nk_maxsim_score, which probes the CPU first: the
  * sapphireamx family needs that probe's Linux AMX permission request before its first tile

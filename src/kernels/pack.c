@@ -119,7 +119,7 @@ void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *vie
         view->screen_sums = (int32_t const *)(base + h.screen_sums_offset);
     }
     view->cold = 0;
-    view->next_bytes = NULL, view->next_count = 0, view->next_values = NULL, view->next_values_count = 0;
+    view->next = nk_prefetch_stream(NULL, 0, NULL, 0);
     view->stop_above = INFINITY;
 }
 

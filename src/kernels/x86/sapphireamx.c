@@ -465,7 +465,7 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
     /* The values as the screen sections the tile code reads. */
     nk_maxsim_view_t qs = *q, ds = *d;
     qs.screen = (uint8_t const *)q->values, ds.screen = (uint8_t const *)d->values;
-    nk_prefetch_stream_t prefetch = nk_prefetch_stream_of(d);
+    nk_prefetch_stream_t prefetch = d->next;
     double total = 0.0;
     for (uint64_t first = 0; first < q->vectors; first += NK_SAMX_ROWS) {
         uint64_t rows = q->vectors - first < NK_SAMX_ROWS ? q->vectors - first : NK_SAMX_ROWS;
