@@ -107,7 +107,10 @@ cdef class MaxSimPackedCorpus:
     def __getitem__(self, index):
         """Document `index` as a MaxSimPackedMatrix that shares this corpus's buffer (and keeps it alive):
         the same bytes as packing that document alone."""
-        cdef uint64_t i = self._index(index)
+        return self._item(self._index(index))
+
+    cdef MaxSimPackedMatrix _item(self, uint64_t i):
+        """Document i (a checked index) as a MaxSimPackedMatrix sharing this corpus's buffer."""
         cdef MaxSimPackedMatrix document = MaxSimPackedMatrix.__new__(MaxSimPackedMatrix)
         document.matrix = nk_corpus_document(&self.corpus, i, NULL)
         document._base = self
@@ -122,7 +125,8 @@ cdef class MaxSimPackedCorpus:
         (float32, ml_dtypes.bfloat16, ...) that shares this corpus's buffer. The integer formats are
         stored tiled: for them a float64 copy of the values they stand for (scale x q, or +-1)."""
         cdef uint64_t i = self._index(index)
-        cdef nk_maxsim_matrix_t document = nk_corpus_document(&self.corpus, i, NULL)
+        cdef MaxSimPackedMatrix item = self._item(i)
+        cdef nk_maxsim_matrix_t document = item.matrix
         shape = (document.info.vectors, document.info.depth)
         if _DTYPE_NAMES[self.corpus.info.dtype] in _INTEGER_NAMES:  # stored tiled: a float64 copy of the values
             values = np.empty(shape, dtype=np.float64)
@@ -135,7 +139,7 @@ cdef class MaxSimPackedCorpus:
         # of every byte) for one document's values.
         cdef uintptr_t start = <uintptr_t>nk_maxsim_values(&document) - <uintptr_t>document.data
         dtype = _NUMPY_DTYPES[_DTYPE_NAMES[self.corpus.info.dtype]]
-        return np.frombuffer(self[i], dtype=dtype, count=shape[0] * shape[1], offset=start).reshape(shape)
+        return np.frombuffer(item, dtype=dtype, count=shape[0] * shape[1], offset=start).reshape(shape)
 
     cdef uint64_t _index(self, object index) except? 0:
         _require_packed(self.corpus.data, self)

@@ -170,6 +170,7 @@ cdef class MaxSimPackedCorpus:
     cdef Py_ssize_t _buffer_strides[1]
     cdef bint _unsealed             # built in memory, its header's checksum not computed yet (_corpus.pxi)
     cdef uint64_t _index(self, object index) except? 0
+    cdef MaxSimPackedMatrix _item(self, uint64_t i)
 
 
 # Score two packed matrices without the GIL. Returns an nk_status_t; the score goes to *result.
