@@ -214,6 +214,55 @@ def test_verify_levels(tmp_path, corpus_case):
         nk.MaxSimPackedCorpus.load(path, verify="checksum")
 
 
+def _unaligned(matrix, offset=1):
+    """A copy of `matrix` at `offset` bytes into a byte buffer (rows contiguous, not aligned)."""
+    raw = np.zeros(matrix.nbytes + offset, np.uint8)
+    view = raw[offset:].view(matrix.dtype).reshape(matrix.shape)
+    view[...] = matrix
+    return view
+
+
+def _odd_rows(matrix):
+    """A copy of `matrix` whose rows are one byte more than their length apart (the first row aligned)."""
+    row_bytes = matrix.shape[1] * matrix.itemsize
+    raw = np.zeros(matrix.shape[0] * (row_bytes + 1), np.uint8)
+    view = np.ndarray(matrix.shape, matrix.dtype, buffer=raw, strides=(row_bytes + 1, matrix.itemsize))
+    view[...] = matrix
+    return view
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_sources_in_place_or_converted(dtype):
+    """Aligned documents are read in place and unaligned ones through a copy (alone, after aligned ones of
+    their dtype, rows an odd number of bytes apart, a 1-row document): every mix packs the same bytes."""
+    documents = _documents(count=6, depth=12, dtype=dtype)
+    documents[3] = documents[3][:1]
+    expected = bytes(memoryview(nk.maxsim_pack_corpus(documents, dtype="float32")))
+    mixes = [
+        [_unaligned(d) for d in documents],
+        documents[:2] + [_unaligned(d) for d in documents[2:]],
+        [d if i % 2 else _unaligned(d, 3) for i, d in enumerate(documents)],
+        documents[:4] + [_odd_rows(documents[4])] + documents[5:],
+    ]
+    # Formats mixed in one batch: each keeps its own source code (values that float16 holds exactly).
+    halves = [d.astype(np.float16) for d in documents]
+    expected_halves = bytes(memoryview(nk.maxsim_pack_corpus(halves, dtype="float32")))
+    mixed = [h if i % 2 else h.astype(dtype) for i, h in enumerate(halves)]
+    assert bytes(memoryview(nk.maxsim_pack_corpus(mixed, dtype="float32"))) == expected_halves
+    for mix in mixes:
+        assert all(np.array_equal(a, b) for a, b in zip(mix, documents))
+        assert any(not d.flags.aligned for d in mix)
+        assert bytes(memoryview(nk.maxsim_pack_corpus(mix, dtype="float32"))) == expected
+
+
+def test_first_document_of_a_bad_dtype_is_named():
+    documents = _documents(count=4, depth=8)
+    with pytest.raises(TypeError, match="document 2 has integer dtype int32"):
+        nk.maxsim_pack_corpus(documents[:2] + [np.ones((2, 8), np.int32), np.ones((2, 8), np.int64)])
+    with pytest.raises(TypeError, match="document 1 has integer dtype int64"):
+        nk.maxsim_pack_corpus([documents[0], np.ones((2, 8), np.int64), np.ones((2, 8), np.int32)])
+
+
 def test_bad_input():
     documents = _documents(count=3, depth=8)
     corpus = nk.maxsim_pack_corpus(documents)

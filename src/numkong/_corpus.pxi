@@ -437,6 +437,29 @@ DEF _BATCH_DOCUMENTS = 4096
 DEF _BATCH_BYTES = 64 << 20
 
 
+cdef bint _is_plain_matrix(object obj) except -1:
+    """Whether `obj` is a NumPy matrix that _as_matrix returns as it is (2-D, depth > 0, rows contiguous
+    along depth): one buffer request instead of building each document's error context (a role string
+    and several attribute reads cost about 1 us a document, serially, before packing starts)."""
+    cdef Py_buffer view
+    if type(obj) is not np.ndarray:
+        return False
+    PyObject_GetBuffer(obj, &view, PyBUF_STRIDES)
+    plain = view.ndim == 2 and view.shape[1] > 0 and (view.shape[0] == 0 or view.shape[1] == 1 or
+                                                      view.strides[1] == view.itemsize)
+    PyBuffer_Release(&view)
+    return plain
+
+
+cdef list _matrices_of(object documents, uint64_t first_index):
+    """The checked 2-D arrays of an iterable of documents (document i named first_index + i in errors)."""
+    matrices = []
+    for document in documents:
+        matrices.append(document if _is_plain_matrix(document) else
+                        _as_matrix(document, f"document {first_index + len(matrices)}"))
+    return matrices
+
+
 def _documents_of(documents, offsets, lengths, mask):
     """(iterator of the documents as given, their count or None, whether they are all at hand) for every
     input kind maxsim_pack_corpus takes."""
@@ -541,19 +564,6 @@ cdef class _CorpusBuilder:
         if self.name is None:  # inferred from the first document; later ones must fit it exactly
             self.name = _infer_dtype_name(matrices[0], f"document {first_index}")
         _check_depth(self.name, self.depth)
-        for i in range(count):
-            matrix = matrices[i]
-            if matrix.shape[1] != self.depth:
-                raise ValueError(f"document {first_index + i} has depth {matrix.shape[1]} but document 0 has depth "
-                                 f"{self.depth}")
-            if matrix.shape[0] == 0:
-                raise ValueError(f"document {first_index + i} has no rows; every document needs at least one token "
-                                 f"vector")
-            if not self.name_fixed and not (_is_float_dtype(matrix.dtype) and _holds(self.name, matrix.dtype)):
-                _infer_dtype_name(matrix, f"document {first_index + i}")  # the integer / non-float messages
-                raise ValueError(f"document {first_index + i} is {matrix.dtype}, which {self.name} (inferred from "
-                                 f"the first document) does not hold exactly; pass dtype= to pack every document in "
-                                 f"one format")
         self.code = _DTYPE_CODES[self.name]
         if self.documents + count > self.capacity:
             grown = max(2 * self.capacity, self.documents + count, 1024)
@@ -561,20 +571,53 @@ cdef class _CorpusBuilder:
             if table == NULL:
                 raise MemoryError(f"cannot grow the table of a corpus to {grown} documents")
             self.entries, self.capacity = table, grown
-        rows = np.array([matrix.shape[0] for matrix in matrices], dtype=np.uint64)
+        rows = np.empty(count, dtype=np.uint64)
         cdef uint64_t[::1] row_counts = rows
-        cdef nk_corpus_entry_t *batch = self.entries + self.documents
-        _raise_for(nk_corpus_plan(&row_counts[0], count, self.depth, self.code, &end, batch),
-                   {"what": f"a corpus of {self.documents + count} documents x depth {self.depth} {self.name}"})
         # The sources: rows in the packing format are read in place, anything else through float64.
         sources_memory = np.empty(count * sizeof(nk_pack_source_t), dtype=np.uint8)
         cdef nk_pack_source_t *sources = <nk_pack_source_t *>_data_address(sources_memory)
+        cdef Py_buffer view
+        cdef uint64_t vectors, width, alignment
+        cdef uintptr_t address
+        cdef int64_t stride, step
+        in_place = {}  # dtype -> its packing code, for dtypes _packing_source read in place in this batch
         kept = []
         for i in range(count):
-            matrix, sources[i].dtype = _packing_source(matrices[i], self.name)
+            matrix = matrices[i]
+            PyObject_GetBuffer(matrix, &view, PyBUF_STRIDES)  # a NumPy array from _as_matrix
+            vectors, width, address = view.shape[0], view.shape[1], <uintptr_t>view.buf
+            stride, step = view.strides[0], view.strides[1]
+            PyBuffer_Release(&view)
+            if width != self.depth:
+                raise ValueError(f"document {first_index + i} has depth {width} but document 0 has depth "
+                                 f"{self.depth}")
+            if vectors == 0:
+                raise ValueError(f"document {first_index + i} has no rows; every document needs at least one token "
+                                 f"vector")
+            dt = matrix.dtype
+            if not self.name_fixed and not (_is_float_dtype(dt) and _holds(self.name, dt)):
+                _infer_dtype_name(matrix, f"document {first_index + i}")  # the integer / non-float messages
+                raise ValueError(f"document {first_index + i} is {dt}, which {self.name} (inferred from "
+                                 f"the first document) does not hold exactly; pass dtype= to pack every document in "
+                                 f"one format")
+            row_counts[i] = vectors
+            code = in_place.get(dt)
+            alignment = dt.alignment if code is not None else 1
+            if code is None or address % alignment or (vectors > 1 and stride % <int64_t>alignment) or \
+                    (width > 1 and step % <int64_t>alignment):  # numpy's `aligned`, which _packing_source asks
+                source, code = _packing_source(matrix, self.name)
+                if source is matrix:
+                    in_place[dt] = code
+                else:
+                    matrix = source
+                    address, stride = _data_address(source), source.strides[0]
             kept.append(matrix)
-            sources[i].rows = <const void *>_data_address(matrix)
-            sources[i].row_stride = matrix.strides[0]
+            sources[i].dtype = code
+            sources[i].rows = <const void *>address
+            sources[i].row_stride = stride
+        cdef nk_corpus_entry_t *batch = self.entries + self.documents
+        _raise_for(nk_corpus_plan(&row_counts[0], count, self.depth, self.code, &end, batch),
+                   {"what": f"a corpus of {self.documents + count} documents x depth {self.depth} {self.name}"})
         cdef void *out
         cdef uint64_t out_offset, out_nbytes = end - start
         buffer = None
@@ -607,11 +650,12 @@ cdef class _CorpusBuilder:
         self.progress.advance(count)
         return 0
 
-    cdef int feed(self, object items) except -1:
-        """Pack every document of an iterator, batch by batch."""
+    cdef int feed(self, object items, bint checked=False) except -1:
+        """Pack every document of an iterator (of checked matrices: `checked`), batch by batch."""
         batch, batch_bytes = [], 0
         for document in items:
-            matrix = _as_matrix(document, f"document {self.documents + len(batch)}")
+            matrix = document if checked or _is_plain_matrix(document) else \
+                _as_matrix(document, f"document {self.documents + len(batch)}")
             batch.append(matrix)
             batch_bytes += matrix.nbytes
             if len(batch) >= _BATCH_DOCUMENTS or batch_bytes >= _BATCH_BYTES:
@@ -712,19 +756,22 @@ def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, lengths=None, 
     cdef uint64_t expected_bytes = 0
     cdef _CorpusBuilder builder = _CorpusBuilder()
     if at_hand:  # every document is here: the format that holds them all, and the exact size up front
-        matrices = [_as_matrix(document, f"document {i}") for i, document in enumerate(items)]
+        matrices = _matrices_of(items, 0)
         if not matrices:
             raise ValueError("the corpus has no documents; pass at least one")
         if name is None:
+            first_of = {}  # the first document of each dtype: the one an error names
             for position, matrix in enumerate(matrices):
-                _infer_dtype_name(matrix, f"document {position}")
-            name = _narrowest_holding(*sorted({matrix.dtype for matrix in matrices}, key=str))
+                first_of.setdefault(matrix.dtype, position)
+            for position in sorted(first_of.values()):
+                _infer_dtype_name(matrices[position], f"document {position}")
+            name = _narrowest_holding(*sorted(first_of, key=str))
         if all(matrix.shape[0] and matrix.shape[1] == matrices[0].shape[1] for matrix in matrices):
             expected_bytes = _corpus_size(np.array([m.shape[0] for m in matrices], dtype=np.uint64),
                                           matrices[0].shape[1], _DTYPE_CODES[name])
         items = iter(matrices)
     builder.setup(None, name, restriction, threads, _Progress(progress, total), expected_bytes)
-    builder.feed(items)
+    builder.feed(items, at_hand)
     return builder.finish_in_memory()
 
 
