@@ -75,3 +75,51 @@ nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t
         return nk_error_argument_k;
     return nk_maxsim_score_matrices(&q, &d, capabilities, result);
 }
+
+/* ---- Unpacked float32 documents: the AVX-512 families only (x86/avx512_unpacked.h). ---- */
+
+int nk_maxsim_unpacked_available(uint64_t capabilities) {
+#ifdef NK_HAVE_SKYLAKE
+    return (capabilities & nk_capabilities_available() &
+            (nk_cap_skylake_k | nk_cap_icelake_k | nk_cap_sapphireamx_k)) != 0;
+#else
+    (void)capabilities;
+    return 0;
+#endif
+}
+
+/* The transposed query groups ([depth][32] floats each), then per document row a float32 and a
+ * float64 inverse norm and 32 estimates, each part 64-byte aligned within the buffer. */
+uint64_t nk_maxsim_unpacked_scratch_bytes(uint64_t query_vectors, uint64_t depth, uint64_t max_rows) {
+    uint64_t groups = query_vectors / NK_UNPACKED_ROWS + (query_vectors % NK_UNPACKED_ROWS != 0), columns, per_row;
+    if (!nk_u64_mul(groups, depth, &columns) || !nk_u64_mul(columns, NK_UNPACKED_ROWS * 4u, &columns) ||
+        !nk_u64_mul(max_rows, 4u + 8u + NK_UNPACKED_ROWS * 4u, &per_row) || !nk_u64_add(columns, per_row, &columns) ||
+        !nk_u64_add(columns, 4u * 64u, &columns))
+        return UINT64_MAX;
+    return columns;
+}
+
+nk_status_t nk_maxsim_unpacked_f32(nk_maxsim_matrix_t const *query, float const *const *documents,
+                                   uint64_t const *rows, int64_t const *strides, uint64_t count,
+                                   uint64_t capabilities, void *scratch, uint64_t scratch_bytes, double *scores) {
+    if (!query || !query->data || (count && (!documents || !rows || !strides || !scores)) ||
+        query->info.dtype != nk_dtype_float32_k || !nk_maxsim_unpacked_available(capabilities))
+        return nk_error_argument_k;
+    uint64_t max_rows = 0;
+    for (uint64_t i = 0; i < count; ++i) {
+        if (!documents[i] || ((uintptr_t)documents[i] | (uint64_t)strides[i]) % 4u) return nk_error_argument_k;
+        max_rows = rows[i] > max_rows ? rows[i] : max_rows;
+    }
+    uint64_t needed = nk_maxsim_unpacked_scratch_bytes(query->info.vectors, query->info.depth, max_rows);
+    if (needed == UINT64_MAX) return nk_error_overflow_k;
+    if (!scratch || scratch_bytes < needed) return nk_error_buffer_small_k;
+    nk_maxsim_view_t q;
+    nk_maxsim_view_init(query, &q);
+    int scored = 0;
+#ifdef NK_HAVE_SKYLAKE
+    if (q.vectors && q.depth) scored = nk_maxsim_unpacked_skylake(&q, documents, rows, strides, count, scratch, scores);
+#endif
+    if (!scored)
+        for (uint64_t i = 0; i < count; ++i) scores[i] = q.vectors && q.depth ? NAN : 0.0;
+    return nk_ok_k;
+}

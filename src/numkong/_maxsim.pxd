@@ -72,6 +72,12 @@ cdef extern from "numkong/maxsim.h" nogil:
     nk_status_t nk_maxsim_score_matrices(const nk_maxsim_matrix_t *queries, const nk_maxsim_matrix_t *documents,
                                          uint64_t capabilities, double *result)
     nk_status_t nk_maxsim_score(const void *queries, const void *documents, uint64_t capabilities, double *result)
+    int nk_maxsim_unpacked_available(uint64_t capabilities)
+    uint64_t nk_maxsim_unpacked_scratch_bytes(uint64_t query_vectors, uint64_t depth, uint64_t max_rows)
+    nk_status_t nk_maxsim_unpacked_f32(const nk_maxsim_matrix_t *query, const float *const *documents,
+                                       const uint64_t *rows, const int64_t *strides, uint64_t count,
+                                       uint64_t capabilities, void *scratch, uint64_t scratch_bytes,
+                                       double *scores) nogil
 
     ctypedef struct nk_corpus_entry_t:
         uint64_t offset

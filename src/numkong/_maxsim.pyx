@@ -741,6 +741,61 @@ def maxsim_packed(queries, documents, /, *, capabilities=None, stream=None):
     return _score(q, d, _resolve_capabilities(capabilities, default))
 
 
+def _maxsim_unpacked(MaxSimPackedMatrix query, list documents, capabilities=None):
+    """MaxSim of a packed float32 query against float32 documents scored where they are, without packing
+    them (nk_maxsim_unpacked_f32): float64 [documents], each with the bits of packing that document as
+    float32 and scoring it, or NaN for one to pack instead (not a float32 matrix of the query's depth with
+    aligned rows contiguous along depth, a value not finite, a row outside the screened range, no rows).
+    None when no AVX-512 family is available within `capabilities` (default: the query's)."""
+    cdef uint64_t mask = _resolve_capabilities(capabilities, _stored_mask(query.matrix.info.capabilities))
+    if query.matrix.info.dtype != nk_dtype_float32_k or not nk_maxsim_unpacked_available(mask):
+        return None
+    cdef uint64_t count = len(documents), i, taken = 0, depth = query.matrix.info.depth, max_rows = 0
+    scores = np.full(count, np.nan)
+    if not count:
+        return scores
+    cdef double[::1] out = scores
+    pointers = np.empty(count, dtype=np.uintp)
+    rows = np.empty(count, dtype=np.uint64)
+    strides = np.empty(count, dtype=np.int64)
+    positions = np.empty(count, dtype=np.intp)
+    cdef size_t[::1] pointer_view = pointers
+    cdef uint64_t[::1] row_view = rows
+    cdef int64_t[::1] stride_view = strides
+    cdef Py_buffer view
+    float32 = np.dtype(np.float32)
+    for i in range(count):
+        document = documents[i]
+        if type(document) is not np.ndarray or document.dtype != float32:
+            continue
+        PyObject_GetBuffer(document, &view, PyBUF_STRIDES)
+        usable = view.ndim == 2 and <uint64_t>view.shape[1] == depth and view.shape[0] > 0 and \
+            view.strides[1] == 4 and (<uintptr_t>view.buf | <uint64_t>view.strides[0]) % 4 == 0
+        if usable:
+            pointer_view[taken], row_view[taken], stride_view[taken] = <size_t>view.buf, view.shape[0], view.strides[0]
+            positions[taken] = i
+            max_rows = max(max_rows, <uint64_t>view.shape[0])
+            taken += 1
+        PyBuffer_Release(&view)
+    if not taken:
+        return scores
+    cdef uint64_t scratch_bytes = nk_maxsim_unpacked_scratch_bytes(query.matrix.info.vectors, depth, max_rows)
+    if scratch_bytes == <uint64_t>-1:
+        return scores  # too large to screen so: packing says what is wrong, or scores
+    scratch = np.empty(scratch_bytes, dtype=np.uint8)
+    found = np.empty(taken, dtype=np.float64)
+    cdef double[::1] found_view = found
+    cdef void *scratch_address = <void *>_data_address(scratch)
+    cdef nk_status_t status
+    with nogil:
+        status = nk_maxsim_unpacked_f32(&query.matrix, <const float *const *>&pointer_view[0], &row_view[0],
+                                        &stride_view[0], taken, mask, scratch_address, scratch_bytes,
+                                        &found_view[0])
+    _raise_for(status, {"what": "scoring unpacked documents"})
+    scores[positions[:taken]] = found
+    return scores
+
+
 def maxsim(queries, documents, /, dtype=None, *, capabilities=None, stream=None):
     """Pack both matrices and compute their MaxSim late-interaction score in one call.
 

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor as _ThreadPoolExecutor
 import numpy as _np
 
 import numkong as _nk
-from numkong._maxsim import _from_dlpack, _infer_dtype_name, _narrowest_holding
+from numkong._maxsim import _from_dlpack, _infer_dtype_name, _maxsim_unpacked, _narrowest_holding
 
 __all__ = ["colbert_scores", "pack_documents", "rerank"]
 
@@ -256,20 +256,21 @@ _SHARD_ELEMENTS = 1 << 18
 
 def _score_documents(packed_queries, matrices, name, threads, what=""):
     """Distances [queries, documents] of raw documents. Packing costs far more than scoring, so with
-    several threads the documents are split into contiguous shards of about equal rows, each packed and
-    scored on its own worker thread (the GIL is released while packing and scoring)."""
+    several threads the documents are split into contiguous shards of about equal rows, each scored on
+    its own worker thread (the GIL is released while packing and scoring): float32 documents where they
+    are (numkong._maxsim_unpacked, on AVX-512), the others, and any it leaves, packed first."""
     threads = _thread_count(threads)
     rows = _np.cumsum([matrix.shape[0] for matrix in matrices])
     shards = min(threads, len(matrices), int(rows[-1] * matrices[0].shape[1]) // _SHARD_ELEMENTS) if matrices else 1
+    _check_rows(matrices, what)
     if shards <= 1:
-        return _distances(packed_queries, _pack_corpus(matrices, name, what), threads)
+        return _shard_distances(packed_queries, matrices, name, threads, what)
     cuts = [0] + [int(_np.searchsorted(rows, rows[-1] * k / shards)) + 1 for k in range(1, shards)] + [len(matrices)]
     bounds = [(lo, hi) for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
 
     def shard(bound):
-        return _distances(packed_queries, _nk.maxsim_pack_corpus(matrices[bound[0]:bound[1]], dtype=name), 1)
+        return _shard_distances(packed_queries, matrices[bound[0]:bound[1]], name, 1)
 
-    _check_rows(matrices, what)
     try:
         with _ThreadPoolExecutor(len(bounds)) as pool:
             parts = list(pool.map(shard, bounds))
@@ -277,3 +278,26 @@ def _score_documents(packed_queries, matrices, name, threads, what=""):
         _pack_corpus(matrices, name, what)  # the same error, naming the document by its index in the call
         raise
     return _np.concatenate(parts, axis=1)
+
+
+def _shard_distances(packed_queries, matrices, name, threads, what=""):
+    """Distances [queries, documents] of one shard of raw documents (rows checked): float32 ones scored
+    unpacked where that is available, the rest packed into a corpus and scored."""
+    distances = _np.full((len(packed_queries), len(matrices)), _np.nan)
+    if name == "float32":
+        for row, query in enumerate(packed_queries):
+            unpacked = _maxsim_unpacked(query, matrices)
+            if unpacked is None:
+                break
+            distances[row] = unpacked
+    left = _np.flatnonzero(_np.isnan(distances).any(axis=0))
+    if left.size == len(matrices):
+        return _distances(packed_queries, _pack_corpus(matrices, name, what), threads)
+    if left.size:
+        try:
+            corpus = _pack_corpus([matrices[i] for i in left], name, what)
+        except ValueError:
+            _pack_corpus(matrices, name, what)  # the same error, naming the document by its index here
+            raise
+        distances[:, left] = _distances(packed_queries, corpus, threads)
+    return distances

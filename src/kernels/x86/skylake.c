@@ -299,3 +299,10 @@ static void nk_skl_screen(nk_skl_group_t *group, float const *growth, uint64_t r
 #include "integer_maxsim.h"
 
 NK_FAMILY_KERNEL(nk_maxsim_skylake)
+
+#include "avx512_unpacked.h"
+
+int nk_maxsim_unpacked_skylake(nk_maxsim_view_t const *q, float const *const *documents, uint64_t const *rows,
+                               int64_t const *strides, uint64_t count, void *scratch, double *scores) {
+    return nk_unp_score(q, documents, rows, strides, count, scratch, scores);
+}

@@ -165,6 +165,22 @@ nk_status_t nk_maxsim_score_matrices(nk_maxsim_matrix_t const *queries, nk_maxsi
  * reads both headers, then scores as nk_maxsim_score_matrices. */
 nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t capabilities, double *result);
 
+/* ---- Documents scored where they are (unpacked float32 rows). ----
+ * MaxSim of a packed float32 query against each of `count` float32 documents given as rows in the
+ * caller's memory (document i: rows[i] rows of the query's depth, strides[i] bytes apart, 4-byte
+ * aligned), without packing them: scores[i] has the bits nk_maxsim_score gives for the document
+ * packed as float32. It screens with float32 FMAs and needs an AVX-512 family within `capabilities`
+ * (nk_maxsim_unpacked_available; otherwise nk_error_argument_k). A document it cannot screen exactly
+ * (a value that is not finite, or a nonzero row, of it or of the query, whose largest magnitude is
+ * outside [2^-60, 2^60)) or one without rows gets NaN: pack it and score it (or report its error).
+ * scratch: nk_maxsim_unpacked_scratch_bytes(query vectors, depth, the most rows of a document),
+ * any alignment; UINT64_MAX when that does not fit. Does not allocate; one thread per call. */
+int nk_maxsim_unpacked_available(uint64_t capabilities);
+uint64_t nk_maxsim_unpacked_scratch_bytes(uint64_t query_vectors, uint64_t depth, uint64_t max_rows);
+nk_status_t nk_maxsim_unpacked_f32(nk_maxsim_matrix_t const *query, float const *const *documents,
+                                   uint64_t const *rows, int64_t const *strides, uint64_t count,
+                                   uint64_t capabilities, void *scratch, uint64_t scratch_bytes, double *scores);
+
 /* ---- Packed corpora: many documents of different lengths in one portable buffer. ----
  * Layout (format version 3): a 128-byte header; the documents, each a complete packed matrix at a
  * 64-byte aligned offset, in order, the first at byte 128; the table (one nk_corpus_entry_t per

@@ -1,0 +1,216 @@
+/* Exact MaxSim of a packed float32 query against float32 documents read where they are (unpacked).
+ *
+ * Packing a document costs more than scoring it (quantizing its screening copy, its norms, the
+ * copy itself): reranking raw embeddings once, a caller pays the packer for every candidate. This
+ * path screens the caller's rows with float32 FMAs instead and returns the bits of packing each
+ * document as float32 and scoring it (nk_maxsim_score): for each query row the largest exact
+ * cosine, (canonical float64 dot) * inv_q * inv_d with inv_d the packer's (its squares in four
+ * float64 lanes, in order), then the same sum over rows.
+ *
+ * Screening: a query group of 32 rows is transposed to [depth][32] floats, so that each step takes
+ * one element of each of 8 document rows (a broadcast) times two vectors of the query column: 16
+ * float32 FMAs, no packing of the document. c = s * iq * id estimates each cosine (s the float32 dot,
+ * iq the query row's inverse norm, id the float32 inverse norm of the document row) within
+ * E = (2 depth + 32) 2^-24: |s - dot| <= gamma_depth |q||d| (any order of FMAs), and the two inverse
+ * norms and the products add a few units of rounding. A document row can hold a row's largest
+ * cosine only if its c is within 2E of the row's largest c: those, usually one, are rescored exactly.
+ * The bound needs float32 neither to overflow nor to lose a row's norm: every nonzero row (query and
+ * document) must have its largest magnitude in [2^-60, 2^60), and every value finite; a document
+ * that is not so is left unscored (NaN) for the caller to pack (which also reports a NaN row).
+ */
+#ifndef NUMKONG_AVX512_UNPACKED_H
+#define NUMKONG_AVX512_UNPACKED_H
+
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+
+#include "avx512_dot.h"
+#include "maxsim_internal.h"
+
+#define NK_UNP_ROWS NK_UNPACKED_ROWS /* query rows per group: two vectors */
+#define NK_UNP_BLOCK 8   /* document rows per micro-kernel call: 8 x 2 accumulators */
+#define NK_UNP_LOW 0x1p-60f
+#define NK_UNP_HIGH 0x1p60f
+
+/* Largest magnitude of a float32 row, -1 if a value is not finite; and its float32 sum of squares. */
+static float nk_unp_row_stats(float const *row, uint64_t depth, float *squares) {
+    __m512 top = _mm512_setzero_ps(), sum = _mm512_setzero_ps(), limit = _mm512_set1_ps(FLT_MAX);
+    __mmask16 finite = 0xFFFF;
+    for (uint64_t k = 0; k < depth; k += 16) {
+        __mmask16 lanes = nk_x512_tail_mask(depth - k);
+        __m512 x = _mm512_maskz_loadu_ps(lanes, row + k), magnitude = _mm512_abs_ps(x);
+        finite &= _mm512_cmp_ps_mask(magnitude, limit, _CMP_LE_OQ) | (__mmask16)~lanes; /* NaN, inf fail */
+        top = _mm512_max_ps(top, magnitude);
+        sum = _mm512_fmadd_ps(x, x, sum);
+    }
+    *squares = _mm512_reduce_add_ps(sum);
+    return finite == 0xFFFF ? _mm512_reduce_max_ps(top) : -1.0f;
+}
+
+/* Whether a row of this largest magnitude screens within the bound (zero rows do: cosine 0). */
+static inline int nk_unp_in_range(float absmax) { return absmax == 0.0f || (absmax >= NK_UNP_LOW && absmax < NK_UNP_HIGH); }
+
+/* The packer's inverse norm of a float32 row: squares of the values (exact in float64) summed in four
+ * lanes, lane l taking elements l, l + 4, l + 8, ... in order, then (s0 + s1) + (s2 + s3). */
+static double nk_unp_inv_norm(float const *row, uint64_t depth) {
+    __m256d lanes = _mm256_setzero_pd();
+    uint64_t k = 0;
+    for (; k + 4 <= depth; k += 4) {
+        __m256d x = _mm256_cvtps_pd(_mm_loadu_ps(row + k));
+        lanes = _mm256_add_pd(lanes, _mm256_mul_pd(x, x));
+    }
+    if (k < depth) {
+        __m256d x = _mm256_cvtps_pd(_mm_maskz_loadu_ps((__mmask8)((1u << (depth - k)) - 1u), row + k));
+        lanes = _mm256_add_pd(lanes, _mm256_mul_pd(x, x));
+    }
+    double s[4];
+    _mm256_storeu_pd(s, lanes);
+    double sum = (s[0] + s[1]) + (s[2] + s[3]);
+    return sum > 0.0 ? 1.0 / sqrt(sum) : 0.0;
+}
+
+/* s[j][h] += sum over depth of rows[j][k] * column k of the group (its 16 h-th rows), for `count`
+ * document rows (a constant after inlining) and `halves` query vectors. */
+NK_INLINE void nk_unp_block(float const *columns, uint64_t depth, float const *first, int64_t stride, int count,
+                            int halves, __m512 s[NK_UNP_BLOCK][2]) {
+    float const *rows[NK_UNP_BLOCK];
+    for (int j = 0; j < count; ++j) rows[j] = (float const *)((char const *)first + j * stride);
+    for (int j = 0; j < count; ++j) s[j][0] = s[j][1] = _mm512_setzero_ps();
+    /* The rows after these, if they follow in memory (a prefetch never faults): a line per step. */
+    char const *next = (char const *)first + count * stride;
+    uint64_t next_lines = (uint64_t)(count * (stride > 0 ? stride : 0)) / 64;
+    for (uint64_t k = 0; k < depth; ++k, columns += NK_UNP_ROWS) {
+        __m512 low = _mm512_load_ps(columns), high = halves == 2 ? _mm512_load_ps(columns + 16) : low;
+        if (k < next_lines) _mm_prefetch(next + 64 * k, _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int j = 0; j < count; ++j) {
+            __m512 value = _mm512_set1_ps(rows[j][k]);
+            s[j][0] = _mm512_fmadd_ps(value, low, s[j][0]);
+            if (halves == 2) s[j][1] = _mm512_fmadd_ps(value, high, s[j][1]);
+        }
+    }
+}
+
+/* Estimates c of document rows [j0, j0 + count) into estimates[j][32], raising the running maxima. */
+NK_INLINE void nk_unp_estimate(float const *columns, uint64_t depth, float const *doc, int64_t stride, uint64_t j0,
+                               int count, int halves, __m512 const inv_q[2], float const *inv_d, float *estimates,
+                               __m512 top[2]) {
+    __m512 s[NK_UNP_BLOCK][2];
+    nk_unp_block(columns, depth, (float const *)((char const *)doc + (int64_t)j0 * stride), stride, count, halves, s);
+    for (int j = 0; j < count; ++j)
+        for (int h = 0; h < halves; ++h) {
+            __m512 c = _mm512_mul_ps(_mm512_mul_ps(s[j][h], inv_q[h]), _mm512_set1_ps(inv_d[j0 + (uint64_t)j]));
+            _mm512_store_ps(estimates + (j0 + (uint64_t)j) * NK_UNP_ROWS + 16 * h, c);
+            top[h] = _mm512_max_ps(top[h], c);
+        }
+}
+
+/* nk_unp_estimate for 1..8 rows known only at run time, with the count a constant in each branch. */
+static void nk_unp_estimate_rest(float const *columns, uint64_t depth, float const *doc, int64_t stride, uint64_t j0,
+                                 int count, int halves, __m512 const inv_q[2], float const *inv_d, float *estimates,
+                                 __m512 top[2]) {
+    switch (count * 2 + halves - 1) {
+#define NK_UNP_CASE(rows, halves_)                                                                                  \
+    case rows * 2 + halves_ - 1:                                                                                    \
+        nk_unp_estimate(columns, depth, doc, stride, j0, rows, halves_, inv_q, inv_d, estimates, top);            \
+        return;
+        NK_UNP_CASE(1, 1) NK_UNP_CASE(1, 2) NK_UNP_CASE(2, 1) NK_UNP_CASE(2, 2) NK_UNP_CASE(3, 1) NK_UNP_CASE(3, 2)
+        NK_UNP_CASE(4, 1) NK_UNP_CASE(4, 2) NK_UNP_CASE(5, 1) NK_UNP_CASE(5, 2) NK_UNP_CASE(6, 1) NK_UNP_CASE(6, 2)
+        NK_UNP_CASE(7, 1) NK_UNP_CASE(7, 2) NK_UNP_CASE(8, 1) NK_UNP_CASE(8, 2)
+#undef NK_UNP_CASE
+    default: return;
+    }
+}
+
+/* MaxSim of the packed float32 query q (view, at least one row) against each of `count` documents
+ * (rows x depth float32 values, `strides[i]` bytes apart), into scores; NaN for a document it leaves
+ * to the caller. 0 if the query itself is out of range (nothing scored). The scratch is laid out as
+ * nk_maxsim_unpacked_scratch_bytes counts it. */
+static int nk_unp_score(nk_maxsim_view_t const *q, float const *const *documents, uint64_t const *rows,
+                        int64_t const *strides, uint64_t count, void *scratch, double *scores) {
+    uint64_t depth = q->depth, groups = (q->vectors + NK_UNP_ROWS - 1) / NK_UNP_ROWS;
+    float *columns = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    uint64_t max_rows = 0;
+    for (uint64_t i = 0; i < count; ++i) max_rows = rows[i] > max_rows ? rows[i] : max_rows;
+    float *inv_d = columns + groups * depth * NK_UNP_ROWS;
+    double *exact_inv_d = (double *)(((uintptr_t)(inv_d + max_rows) + 63) & ~(uintptr_t)63);
+    float *estimates = (float *)(((uintptr_t)(exact_inv_d + max_rows) + 63) & ~(uintptr_t)63);
+    /* The query groups, transposed (rows past the query are zero), after checking their range. */
+    for (uint64_t r = 0; r < groups * NK_UNP_ROWS; ++r) {
+        float const *row = r < q->vectors ? (float const *)((char const *)q->values + r * q->row_bytes) : NULL;
+        float squares;
+        if (row && !nk_unp_in_range(nk_unp_row_stats(row, depth, &squares))) return 0;
+        float *column = columns + (r / NK_UNP_ROWS) * depth * NK_UNP_ROWS + r % NK_UNP_ROWS;
+        for (uint64_t k = 0; k < depth; ++k) column[k * NK_UNP_ROWS] = row ? row[k] : 0.0f;
+    }
+    float const margin = (float)(2 * depth + 32) * 0x1p-24f * 2.0f; /* 2E: the estimates of two rows */
+    for (uint64_t i = 0; i < count; ++i) {
+        float const *doc = documents[i];
+        int64_t stride = strides[i];
+        uint64_t n = rows[i];
+        int in_range = n > 0;
+        for (uint64_t j = 0; j < n && in_range; ++j) {
+            float squares, absmax = nk_unp_row_stats((float const *)((char const *)doc + (int64_t)j * stride), depth,
+                                                     &squares);
+            in_range = nk_unp_in_range(absmax);
+            inv_d[j] = absmax == 0.0f ? 0.0f : 1.0f / sqrtf(squares);
+            exact_inv_d[j] = -1.0; /* computed when a row is first rescored */
+        }
+        if (!in_range) {
+            scores[i] = NAN;
+            continue;
+        }
+        double total = 0.0;
+        for (uint64_t g = 0; g < groups; ++g) {
+            uint64_t first = g * NK_UNP_ROWS, live = q->vectors - first < NK_UNP_ROWS ? q->vectors - first : NK_UNP_ROWS;
+            int halves = live > 16 ? 2 : 1;
+            float const *group_columns = columns + g * depth * NK_UNP_ROWS;
+            _Alignas(64) float inv_q_lanes[NK_UNP_ROWS];
+            for (unsigned r = 0; r < NK_UNP_ROWS; ++r) inv_q_lanes[r] = r < live ? (float)q->inv_norms[first + r] : 0.0f;
+            __m512 inv_q[2] = {_mm512_load_ps(inv_q_lanes), _mm512_load_ps(inv_q_lanes + 16)};
+            __m512 top[2] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY)};
+            uint64_t j = 0;
+            for (; j + NK_UNP_BLOCK <= n; j += NK_UNP_BLOCK)
+                if (halves == 2)
+                    nk_unp_estimate(group_columns, depth, doc, stride, j, NK_UNP_BLOCK, 2, inv_q, inv_d, estimates, top);
+                else
+                    nk_unp_estimate(group_columns, depth, doc, stride, j, NK_UNP_BLOCK, 1, inv_q, inv_d, estimates, top);
+            if (j < n)
+                nk_unp_estimate_rest(group_columns, depth, doc, stride, j, (int)(n - j), halves, inv_q, inv_d,
+                                     estimates, top);
+            /* Candidates: estimates within 2E of their row's largest; each rescored exactly. */
+            _Alignas(64) float cut[NK_UNP_ROWS];
+            _mm512_store_ps(cut, _mm512_sub_ps(top[0], _mm512_set1_ps(margin)));
+            _mm512_store_ps(cut + 16, _mm512_sub_ps(top[1], _mm512_set1_ps(margin)));
+            double best[NK_UNP_ROWS];
+            for (unsigned r = 0; r < NK_UNP_ROWS; ++r) best[r] = -INFINITY;
+            __m512 cuts[2] = {_mm512_load_ps(cut), _mm512_load_ps(cut + 16)};
+            for (uint64_t d = 0; d < n; ++d) {
+                uint32_t hits = 0;
+                for (int h = 0; h < halves; ++h)
+                    hits |= (uint32_t)_mm512_cmp_ps_mask(_mm512_load_ps(estimates + d * NK_UNP_ROWS + 16 * h), cuts[h],
+                                                         _CMP_GE_OQ) << (16 * h);
+                if (live < NK_UNP_ROWS) hits &= (uint32_t)((1ull << live) - 1u);
+                if (!hits) continue;
+                float const *d_row = (float const *)((char const *)doc + (int64_t)d * stride);
+                if (exact_inv_d[d] < 0.0) exact_inv_d[d] = nk_unp_inv_norm(d_row, depth);
+                for (; hits; hits &= hits - 1) {
+                    unsigned r = (unsigned)nk_ctz64(hits);
+                    double inv_q_r = q->inv_norms[first + r];
+                    if (inv_q_r == 0.0) continue;
+                    void const *q_row = (char const *)q->values + (first + r) * q->row_bytes;
+                    double cos = exact_inv_d[d] == 0.0 ? 0.0
+                                                        : nk_x512_dot_stored(nk_dtype_float32_k, q_row, d_row, depth) *
+                                                              inv_q_r * exact_inv_d[d];
+                    if (cos > best[r]) best[r] = cos;
+                }
+            }
+            for (uint64_t r = 0; r < live; ++r) total += nk_row_distance(q->inv_norms[first + r], best[r]);
+        }
+        scores[i] = total;
+    }
+    return 1;
+}
+
+#endif /* NUMKONG_AVX512_UNPACKED_H */
