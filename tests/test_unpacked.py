@@ -45,7 +45,7 @@ def test_same_bits_as_packing(family, depth, query_rows):
     documents[1][3] = 0.0  # a zero document row has cosine 0
     documents[2] = np.concatenate([documents[2], query[:3]])  # exact ties: cosine 1
     documents[3] = _near_ties(rng, query, 24)
-    documents.append(rng.standard_normal((40, depth)).astype(np.float32) * np.float32(2.0 ** -50))
+    documents.append(rng.standard_normal((40, depth)).astype(np.float32) * np.float32(2.0 ** -30))
     documents.append(rng.standard_normal((5, depth)).astype(np.float32) * np.float32(2.0 ** 50))
     got = _maxsim_unpacked(nk.maxsim_pack(query), documents, capabilities=family)
     assert got.tobytes() == _packed_scores(query, documents).tobytes()
@@ -77,9 +77,9 @@ def test_left_to_packing():
     with_nan[1, 2] = np.nan
     with_inf = good.copy()
     with_inf[0, 0] = np.inf
-    documents = [good, good * np.float32(2.0 ** 61), good * np.float32(2.0 ** -61), with_nan, with_inf,
+    documents = [good, good * np.float32(2.0 ** 60), good * np.float32(2.0 ** -61), with_nan, with_inf,
                  good.astype(np.float64), good[:, :4], np.asfortranarray(good), unaligned, good[:0],
-                 good.tolist(), good]
+                 good.tolist(), good.astype('>f4'), good]
     got = _maxsim_unpacked(nk.maxsim_pack(query), documents)
     expected = _packed_scores(query, [good])[0]
     assert got[0] == got[-1] == expected

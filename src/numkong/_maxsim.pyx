@@ -763,14 +763,14 @@ def _maxsim_unpacked(MaxSimPackedMatrix query, list documents, capabilities=None
     cdef uint64_t[::1] row_view = rows
     cdef int64_t[::1] stride_view = strides
     cdef Py_buffer view
-    float32 = np.dtype(np.float32)
     for i in range(count):
         document = documents[i]
-        if type(document) is not np.ndarray or document.dtype != float32:
+        if type(document) is not np.ndarray:
             continue
-        PyObject_GetBuffer(document, &view, PyBUF_STRIDES)
-        usable = view.ndim == 2 and <uint64_t>view.shape[1] == depth and view.shape[0] > 0 and \
-            view.strides[1] == 4 and (<uintptr_t>view.buf | <uint64_t>view.strides[0]) % 4 == 0
+        PyObject_GetBuffer(document, &view, PyBUF_STRIDES | PyBUF_FORMAT)  # format "f": native float32
+        usable = view.ndim == 2 and view.itemsize == 4 and view.format[0] == b'f' and view.format[1] == 0 and \
+            <uint64_t>view.shape[1] == depth and view.shape[0] > 0 and view.strides[1] == 4 and \
+            (<uintptr_t>view.buf | <uint64_t>view.strides[0]) % 4 == 0
         if usable:
             pointer_view[taken], row_view[taken], stride_view[taken] = <size_t>view.buf, view.shape[0], view.strides[0]
             positions[taken] = i

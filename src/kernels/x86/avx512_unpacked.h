@@ -14,9 +14,9 @@
  * E = (2 depth + 32) 2^-24: |s - dot| <= gamma_depth |q||d| (any order of FMAs), and the two inverse
  * norms and the products add a few units of rounding. A document row can hold a row's largest
  * cosine only if its c is within 2E of the row's largest c: those, usually one, are rescored exactly.
- * The bound needs float32 neither to overflow nor to lose a row's norm: every nonzero row (query and
- * document) must have its largest magnitude in [2^-60, 2^60), and every value finite; a document
- * that is not so is left unscored (NaN) for the caller to pack (which also reports a NaN row).
+ * The bound needs float32 neither to overflow nor to lose a row's norm (nk_unp_check_rows): every value
+ * finite and below 2^56 in magnitude, every nonzero row's float32 sum of squares at least 2^-80; a
+ * document that is not so is left unscored (NaN) for the caller to pack (which also reports a NaN).
  */
 #ifndef NUMKONG_AVX512_UNPACKED_H
 #define NUMKONG_AVX512_UNPACKED_H
@@ -30,26 +30,63 @@
 
 #define NK_UNP_ROWS NK_UNPACKED_ROWS /* query rows per group: two vectors */
 #define NK_UNP_BLOCK 8   /* document rows per micro-kernel call: 8 x 2 accumulators */
-#define NK_UNP_LOW 0x1p-60f
-#define NK_UNP_HIGH 0x1p60f
+#define NK_UNP_HIGH 0x1p56f /* magnitudes below it: no float32 product or sum of a row overflows */
 
-/* Largest magnitude of a float32 row, -1 if a value is not finite; and its float32 sum of squares. */
-static float nk_unp_row_stats(float const *row, uint64_t depth, float *squares) {
-    __m512 top = _mm512_setzero_ps(), sum = _mm512_setzero_ps(), limit = _mm512_set1_ps(FLT_MAX);
-    __mmask16 finite = 0xFFFF;
-    for (uint64_t k = 0; k < depth; k += 16) {
-        __mmask16 lanes = nk_x512_tail_mask(depth - k);
-        __m512 x = _mm512_maskz_loadu_ps(lanes, row + k), magnitude = _mm512_abs_ps(x);
-        finite &= _mm512_cmp_ps_mask(magnitude, limit, _CMP_LE_OQ) | (__mmask16)~lanes; /* NaN, inf fail */
-        top = _mm512_max_ps(top, magnitude);
-        sum = _mm512_fmadd_ps(x, x, sum);
-    }
-    *squares = _mm512_reduce_add_ps(sum);
-    return finite == 0xFFFF ? _mm512_reduce_max_ps(top) : -1.0f;
+/* out lane j = the sum of the 16 lanes of v[j], in four rounds of shuffles and adds (any order of
+ * addition keeps a sum of squares within the bound). */
+static inline __m512 nk_unp_lane_sums(__m512 const v[16]) {
+    __m512 pairs[8], quads[4], halves[2];
+    for (int i = 0; i < 8; ++i) /* per 128-bit block: [x0 + x2, y0 + y2, x1 + x3, y1 + y3] */
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) /* per block: the block sums of rows 4i .. 4i + 3 */
+        quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0x44),
+                                 _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0xEE));
+    for (int i = 0; i < 2; ++i) /* blocks: rows 8i .. 8i + 3 (two halves), rows 8i + 4 .. 8i + 7 */
+        halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
+                                  _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
+                         _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
 }
 
-/* Whether a row of this largest magnitude screens within the bound (zero rows do: cosine 0). */
-static inline int nk_unp_in_range(float absmax) { return absmax == 0.0f || (absmax >= NK_UNP_LOW && absmax < NK_UNP_HIGH); }
+/* Check rows [0, count) (count <= 16) of a matrix (`stride` bytes apart) and write their float32 inverse
+ * norms (0 for a zero row) to inv_norms. 0 when a value is not finite or not below 2^56 in magnitude, or a
+ * nonzero row's float32 sum of squares is below 2^-80: the screening bound then holds (no product or
+ * sum overflows; a row's norm loses at most 2^-53 of itself to underflow, and so does a dot product of
+ * two such rows, at depths up to 65,536). */
+static int nk_unp_check_rows(float const *first, int64_t stride, unsigned count, uint64_t depth, float *inv_norms) {
+    __m512 squares[16], limit = _mm512_set1_ps(NK_UNP_HIGH), zero = _mm512_setzero_ps();
+    __mmask16 below = 0xFFFF, nonzero = 0; /* below: every value so far is (finite and) under the limit */
+    for (unsigned j = 0; j < 16; ++j) squares[j] = zero;
+    for (unsigned j = 0; j < count; ++j) {
+        float const *row = (float const *)((char const *)first + (int64_t)j * stride);
+        __m512 sum = zero;
+        __mmask16 any = 0;
+        for (uint64_t k = 0; k < depth; k += 16) {
+            __mmask16 lanes = nk_x512_tail_mask(depth - k);
+            __m512 x = _mm512_maskz_loadu_ps(lanes, row + k);
+            below &= _mm512_cmp_ps_mask(_mm512_abs_ps(x), limit, _CMP_LT_OQ); /* NaN fails too */
+            any |= _mm512_cmp_ps_mask(x, zero, _CMP_NEQ_OQ);
+            sum = _mm512_fmadd_ps(x, x, sum);
+        }
+        squares[j] = sum;
+        nonzero |= (__mmask16)((any != 0) << j);
+    }
+    __m512 sums = nk_unp_lane_sums(squares);
+    __mmask16 enough = _mm512_cmp_ps_mask(sums, _mm512_set1_ps(0x1p-80f), _CMP_GE_OQ);
+    if (below != 0xFFFF || (nonzero & ~enough)) return 0;
+    __m512 inv = _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(1.0f), _mm512_sqrt_ps(sums));
+    _mm512_mask_storeu_ps(inv_norms, (__mmask16)((1u << count) - 1u), inv);
+    return 1;
+}
+
+/* Check every row of a matrix (nk_unp_check_rows), 16 at a time. */
+static int nk_unp_check_matrix(float const *first, int64_t stride, uint64_t rows, uint64_t depth, float *inv_norms) {
+    for (uint64_t j = 0; j < rows; j += 16)
+        if (!nk_unp_check_rows((float const *)((char const *)first + (int64_t)j * stride), stride,
+                               rows - j < 16 ? (unsigned)(rows - j) : 16u, depth, inv_norms + j))
+            return 0;
+    return 1;
+}
 
 /* The packer's inverse norm of a float32 row: squares of the values (exact in float64) summed in four
  * lanes, lane l taking elements l, l + 4, l + 8, ... in order, then (s0 + s1) + (s2 + s3). */
@@ -73,21 +110,23 @@ static double nk_unp_inv_norm(float const *row, uint64_t depth) {
 /* s[j][h] += sum over depth of rows[j][k] * column k of the group (its 16 h-th rows), for `count`
  * document rows (a constant after inlining) and `halves` query vectors. */
 NK_INLINE void nk_unp_block(float const *columns, uint64_t depth, float const *first, int64_t stride, int count,
-                            int halves, __m512 s[NK_UNP_BLOCK][2]) {
+                            int halves, __m512 s[NK_UNP_BLOCK][2], nk_prefetch_stream_t *prefetch) {
     float const *rows[NK_UNP_BLOCK];
     for (int j = 0; j < count; ++j) rows[j] = (float const *)((char const *)first + j * stride);
     for (int j = 0; j < count; ++j) s[j][0] = s[j][1] = _mm512_setzero_ps();
-    /* The rows after these, if they follow in memory (a prefetch never faults): a line per step. */
-    char const *next = (char const *)first + count * stride;
-    uint64_t next_lines = (uint64_t)(count * (stride > 0 ? stride : 0)) / 64;
-    for (uint64_t k = 0; k < depth; ++k, columns += NK_UNP_ROWS) {
-        __m512 low = _mm512_load_ps(columns), high = halves == 2 ? _mm512_load_ps(columns + 16) : low;
-        if (k < next_lines) _mm_prefetch(next + 64 * k, _MM_HINT_T0);
+    /* The next document streams in: 4 lines per 8 steps, outside the step loop (whose registers the
+     * stream's would crowd). */
+    for (uint64_t k0 = 0; k0 < depth; k0 += 8) {
+        nk_prefetch_lines(prefetch, 4);
+        uint64_t end = depth - k0 < 8 ? depth : k0 + 8;
+        for (uint64_t k = k0; k < end; ++k, columns += NK_UNP_ROWS) {
+            __m512 low = _mm512_load_ps(columns), high = halves == 2 ? _mm512_load_ps(columns + 16) : low;
 #pragma GCC unroll 8
-        for (int j = 0; j < count; ++j) {
-            __m512 value = _mm512_set1_ps(rows[j][k]);
-            s[j][0] = _mm512_fmadd_ps(value, low, s[j][0]);
-            if (halves == 2) s[j][1] = _mm512_fmadd_ps(value, high, s[j][1]);
+            for (int j = 0; j < count; ++j) {
+                __m512 value = _mm512_set1_ps(rows[j][k]);
+                s[j][0] = _mm512_fmadd_ps(value, low, s[j][0]);
+                if (halves == 2) s[j][1] = _mm512_fmadd_ps(value, high, s[j][1]);
+            }
         }
     }
 }
@@ -95,9 +134,10 @@ NK_INLINE void nk_unp_block(float const *columns, uint64_t depth, float const *f
 /* Estimates c of document rows [j0, j0 + count) into estimates[j][32], raising the running maxima. */
 NK_INLINE void nk_unp_estimate(float const *columns, uint64_t depth, float const *doc, int64_t stride, uint64_t j0,
                                int count, int halves, __m512 const inv_q[2], float const *inv_d, float *estimates,
-                               __m512 top[2]) {
+                               __m512 top[2], nk_prefetch_stream_t *prefetch) {
     __m512 s[NK_UNP_BLOCK][2];
-    nk_unp_block(columns, depth, (float const *)((char const *)doc + (int64_t)j0 * stride), stride, count, halves, s);
+    nk_unp_block(columns, depth, (float const *)((char const *)doc + (int64_t)j0 * stride), stride, count, halves, s,
+                 prefetch);
     for (int j = 0; j < count; ++j)
         for (int h = 0; h < halves; ++h) {
             __m512 c = _mm512_mul_ps(_mm512_mul_ps(s[j][h], inv_q[h]), _mm512_set1_ps(inv_d[j0 + (uint64_t)j]));
@@ -109,11 +149,11 @@ NK_INLINE void nk_unp_estimate(float const *columns, uint64_t depth, float const
 /* nk_unp_estimate for 1..8 rows known only at run time, with the count a constant in each branch. */
 static void nk_unp_estimate_rest(float const *columns, uint64_t depth, float const *doc, int64_t stride, uint64_t j0,
                                  int count, int halves, __m512 const inv_q[2], float const *inv_d, float *estimates,
-                                 __m512 top[2]) {
+                                 __m512 top[2], nk_prefetch_stream_t *prefetch) {
     switch (count * 2 + halves - 1) {
 #define NK_UNP_CASE(rows, halves_)                                                                                  \
     case rows * 2 + halves_ - 1:                                                                                    \
-        nk_unp_estimate(columns, depth, doc, stride, j0, rows, halves_, inv_q, inv_d, estimates, top);            \
+        nk_unp_estimate(columns, depth, doc, stride, j0, rows, halves_, inv_q, inv_d, estimates, top, prefetch);  \
         return;
         NK_UNP_CASE(1, 1) NK_UNP_CASE(1, 2) NK_UNP_CASE(2, 1) NK_UNP_CASE(2, 2) NK_UNP_CASE(3, 1) NK_UNP_CASE(3, 2)
         NK_UNP_CASE(4, 1) NK_UNP_CASE(4, 2) NK_UNP_CASE(5, 1) NK_UNP_CASE(5, 2) NK_UNP_CASE(6, 1) NK_UNP_CASE(6, 2)
@@ -136,11 +176,11 @@ static int nk_unp_score(nk_maxsim_view_t const *q, float const *const *documents
     float *inv_d = columns + groups * depth * NK_UNP_ROWS;
     double *exact_inv_d = (double *)(((uintptr_t)(inv_d + max_rows) + 63) & ~(uintptr_t)63);
     float *estimates = (float *)(((uintptr_t)(exact_inv_d + max_rows) + 63) & ~(uintptr_t)63);
-    /* The query groups, transposed (rows past the query are zero), after checking their range. */
+    /* The query's range (its float32 norms are not needed: the screening takes its exact ones), then
+     * its groups, transposed (rows past the query are zero). */
+    if (!nk_unp_check_matrix((float const *)q->values, (int64_t)q->row_bytes, q->vectors, depth, inv_d)) return 0;
     for (uint64_t r = 0; r < groups * NK_UNP_ROWS; ++r) {
         float const *row = r < q->vectors ? (float const *)((char const *)q->values + r * q->row_bytes) : NULL;
-        float squares;
-        if (row && !nk_unp_in_range(nk_unp_row_stats(row, depth, &squares))) return 0;
         float *column = columns + (r / NK_UNP_ROWS) * depth * NK_UNP_ROWS + r % NK_UNP_ROWS;
         for (uint64_t k = 0; k < depth; ++k) column[k * NK_UNP_ROWS] = row ? row[k] : 0.0f;
     }
@@ -149,15 +189,12 @@ static int nk_unp_score(nk_maxsim_view_t const *q, float const *const *documents
         float const *doc = documents[i];
         int64_t stride = strides[i];
         uint64_t n = rows[i];
-        int in_range = n > 0;
-        for (uint64_t j = 0; j < n && in_range; ++j) {
-            float squares, absmax = nk_unp_row_stats((float const *)((char const *)doc + (int64_t)j * stride), depth,
-                                                     &squares);
-            in_range = nk_unp_in_range(absmax);
-            inv_d[j] = absmax == 0.0f ? 0.0f : 1.0f / sqrtf(squares);
-            exact_inv_d[j] = -1.0; /* computed when a row is first rescored */
-        }
-        if (!in_range) {
+        /* The next document streams in while this one is screened (its rows, when they ascend). */
+        nk_prefetch_stream_t prefetch = nk_prefetch_stream(NULL, 0, NULL, 0);
+        if (i + 1 < count && strides[i + 1] > 0)
+            prefetch = nk_prefetch_stream(documents[i + 1], rows[i + 1] * (uint64_t)strides[i + 1], NULL, 0);
+        for (uint64_t j = 0; j < n; ++j) exact_inv_d[j] = -1.0; /* computed when a row is first rescored */
+        if (!n || !nk_unp_check_matrix(doc, stride, n, depth, inv_d)) {
             scores[i] = NAN;
             continue;
         }
@@ -173,12 +210,14 @@ static int nk_unp_score(nk_maxsim_view_t const *q, float const *const *documents
             uint64_t j = 0;
             for (; j + NK_UNP_BLOCK <= n; j += NK_UNP_BLOCK)
                 if (halves == 2)
-                    nk_unp_estimate(group_columns, depth, doc, stride, j, NK_UNP_BLOCK, 2, inv_q, inv_d, estimates, top);
+                    nk_unp_estimate(group_columns, depth, doc, stride, j, NK_UNP_BLOCK, 2, inv_q, inv_d, estimates, top,
+                                    &prefetch);
                 else
-                    nk_unp_estimate(group_columns, depth, doc, stride, j, NK_UNP_BLOCK, 1, inv_q, inv_d, estimates, top);
+                    nk_unp_estimate(group_columns, depth, doc, stride, j, NK_UNP_BLOCK, 1, inv_q, inv_d, estimates, top,
+                                    &prefetch);
             if (j < n)
                 nk_unp_estimate_rest(group_columns, depth, doc, stride, j, (int)(n - j), halves, inv_q, inv_d,
-                                     estimates, top);
+                                     estimates, top, &prefetch);
             /* Candidates: estimates within 2E of their row's largest; each rescored exactly. */
             _Alignas(64) float cut[NK_UNP_ROWS];
             _mm512_store_ps(cut, _mm512_sub_ps(top[0], _mm512_set1_ps(margin)));
