@@ -52,30 +52,41 @@ static inline __m512 nk_unp_lane_sums(__m512 const v[16]) {
  * norms (0 for a zero row) to inv_norms. 0 when a value is not finite or not below 2^56 in magnitude, or a
  * nonzero row's float32 sum of squares is below 2^-80: the screening bound then holds (no product or
  * sum overflows; a row's norm loses at most 2^-53 of itself to underflow, and so does a dot product of
- * two such rows, at depths up to 65,536). */
+ * two such rows, at depths up to 65,536). Per row, only vector chains of its own: a NaN or infinity
+ * makes its sum of squares non-finite, and its sum of magnitudes is 0 only for a zero row. */
 static int nk_unp_check_rows(float const *first, int64_t stride, unsigned count, uint64_t depth, float *inv_norms) {
-    __m512 squares[16], limit = _mm512_set1_ps(NK_UNP_HIGH), zero = _mm512_setzero_ps();
-    __mmask16 below = 0xFFFF, nonzero = 0; /* below: every value so far is (finite and) under the limit */
-    for (unsigned j = 0; j < 16; ++j) squares[j] = zero;
+    __m512 squares[16], magnitudes[16], zero = _mm512_setzero_ps(), top = zero;
+    uint64_t full = depth / 16 * 16;
+    __mmask16 tail = (__mmask16)((1u << (depth % 16)) - 1u);
+    for (unsigned j = 0; j < 16; ++j) squares[j] = magnitudes[j] = zero;
     for (unsigned j = 0; j < count; ++j) {
         float const *row = (float const *)((char const *)first + (int64_t)j * stride);
-        __m512 sum = zero;
-        __mmask16 any = 0;
-        for (uint64_t k = 0; k < depth; k += 16) {
-            __mmask16 lanes = nk_x512_tail_mask(depth - k);
-            __m512 x = _mm512_maskz_loadu_ps(lanes, row + k);
-            below &= _mm512_cmp_ps_mask(_mm512_abs_ps(x), limit, _CMP_LT_OQ); /* NaN fails too */
-            any |= _mm512_cmp_ps_mask(x, zero, _CMP_NEQ_OQ);
+        __m512 sum = zero, size = zero, largest = zero;
+        for (uint64_t k = 0; k < full; k += 16) {
+            __m512 x = _mm512_loadu_ps(row + k), magnitude = _mm512_abs_ps(x);
             sum = _mm512_fmadd_ps(x, x, sum);
+            size = _mm512_add_ps(size, magnitude);
+            largest = _mm512_max_ps(largest, magnitude);
         }
-        squares[j] = sum;
-        nonzero |= (__mmask16)((any != 0) << j);
+        if (tail) {
+            __m512 x = _mm512_maskz_loadu_ps(tail, row + full), magnitude = _mm512_abs_ps(x);
+            sum = _mm512_fmadd_ps(x, x, sum);
+            size = _mm512_add_ps(size, magnitude);
+            largest = _mm512_max_ps(largest, magnitude);
+        }
+        squares[j] = sum, magnitudes[j] = size;
+        top = _mm512_max_ps(top, largest);
     }
-    __m512 sums = nk_unp_lane_sums(squares);
-    __mmask16 enough = _mm512_cmp_ps_mask(sums, _mm512_set1_ps(0x1p-80f), _CMP_GE_OQ);
-    if (below != 0xFFFF || (nonzero & ~enough)) return 0;
+    __m512 sums = nk_unp_lane_sums(squares), sizes = nk_unp_lane_sums(magnitudes);
+    __mmask16 rows = (__mmask16)((1u << count) - 1u);
+    __mmask16 nonzero = _mm512_cmp_ps_mask(sizes, zero, _CMP_GT_OQ) & rows;
+    __mmask16 usable = _mm512_cmp_ps_mask(sums, _mm512_set1_ps(0x1p-80f), _CMP_GE_OQ) &
+                       _mm512_cmp_ps_mask(sums, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ); /* NaN, inf fail */
+    __mmask16 finite = _mm512_cmp_ps_mask(sums, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ) |
+                       _mm512_cmp_ps_mask(sizes, zero, _CMP_EQ_OQ); /* a zero row's sum is 0 */
+    if (_mm512_reduce_max_ps(top) >= NK_UNP_HIGH || (rows & ~finite) || (nonzero & ~usable)) return 0;
     __m512 inv = _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(1.0f), _mm512_sqrt_ps(sums));
-    _mm512_mask_storeu_ps(inv_norms, (__mmask16)((1u << count) - 1u), inv);
+    _mm512_mask_storeu_ps(inv_norms, rows, inv);
     return 1;
 }
 
