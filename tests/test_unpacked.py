@@ -65,6 +65,17 @@ def test_property_same_bits(seed, depth, query_rows, rows, ties):
 
 
 @needs_avx512
+def test_strided_documents():
+    """Rows in reverse order (a negative stride) and rows inside wider ones (a row stride above the depth)."""
+    rng = np.random.default_rng(5)
+    query = rng.standard_normal((20, 24)).astype(np.float32)
+    wide = rng.standard_normal((50, 40)).astype(np.float32)
+    documents = [wide[::-1, :24], wide[:, 8:32], wide[::3, 16:], np.ascontiguousarray(wide[:, :24])]
+    got = _maxsim_unpacked(nk.maxsim_pack(query), documents)
+    assert got.tobytes() == _packed_scores(query, [np.ascontiguousarray(d) for d in documents]).tobytes()
+
+
+@needs_avx512
 def test_left_to_packing():
     """NaN for every document it cannot screen exactly or read in place; the others are scored."""
     rng = np.random.default_rng(7)
