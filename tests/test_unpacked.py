@@ -76,6 +76,16 @@ def test_strided_documents():
 
 
 @needs_avx512
+def test_query_longer_than_every_document():
+    """The query's rows are checked into scratch sized by its row count too (1-row documents)."""
+    rng = np.random.default_rng(9)
+    query = rng.standard_normal((300, 16)).astype(np.float32)
+    documents = [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(3)]
+    got = _maxsim_unpacked(nk.maxsim_pack(query), documents)
+    assert got.tobytes() == _packed_scores(query, documents).tobytes()
+
+
+@needs_avx512
 def test_left_to_packing():
     """NaN for every document it cannot screen exactly or read in place; the others are scored."""
     rng = np.random.default_rng(7)

@@ -88,10 +88,12 @@ int nk_maxsim_unpacked_available(uint64_t capabilities) {
 #endif
 }
 
-/* The transposed query groups ([depth][32] floats each), then per document row a float32 and a
- * float64 inverse norm and 32 estimates, each part 64-byte aligned within the buffer. */
+/* The transposed query groups ([depth][32] floats each), then per row (of the longest document, or
+ * of the query if longer) a float32 and a float64 inverse norm and 32 estimates, each part 64-byte
+ * aligned within the buffer. */
 uint64_t nk_maxsim_unpacked_scratch_bytes(uint64_t query_vectors, uint64_t depth, uint64_t max_rows) {
     uint64_t groups = query_vectors / NK_UNPACKED_ROWS + (query_vectors % NK_UNPACKED_ROWS != 0), columns, per_row;
+    if (query_vectors > max_rows) max_rows = query_vectors;
     if (!nk_u64_mul(groups, depth, &columns) || !nk_u64_mul(columns, NK_UNPACKED_ROWS * 4u, &columns) ||
         !nk_u64_mul(max_rows, 4u + 8u + NK_UNPACKED_ROWS * 4u, &per_row) || !nk_u64_add(columns, per_row, &columns) ||
         !nk_u64_add(columns, 4u * 64u, &columns))
@@ -117,7 +119,9 @@ nk_status_t nk_maxsim_unpacked_f32(nk_maxsim_matrix_t const *query, float const 
     nk_maxsim_view_init(query, &q);
     int scored = 0;
 #ifdef NK_HAVE_SKYLAKE
-    if (q.vectors && q.depth) scored = nk_maxsim_unpacked_skylake(&q, documents, rows, strides, count, scratch, scores);
+    /* Deeper rows than its bound is worked out for are left to packing. */
+    if (q.vectors && q.depth && q.depth <= NK_UNPACKED_MAX_DEPTH)
+        scored = nk_maxsim_unpacked_skylake(&q, documents, rows, strides, count, scratch, scores);
 #endif
     if (!scored)
         for (uint64_t i = 0; i < count; ++i) scores[i] = q.vectors && q.depth ? NAN : 0.0;

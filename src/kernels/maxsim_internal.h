@@ -192,6 +192,7 @@ nk_maxsim_kernel_t nk_maxsim_kernel_for(uint64_t capabilities, uint64_t depth);
 /* Unpacked float32 documents (x86/avx512_unpacked.h): query rows per screening group, and the
  * family entry (1, or 0 when the query is out of the screened range and nothing was scored). */
 #define NK_UNPACKED_ROWS 32u
+#define NK_UNPACKED_MAX_DEPTH 65536u
 int nk_maxsim_unpacked_skylake(nk_maxsim_view_t const *q, float const *const *documents, uint64_t const *rows,
                                int64_t const *strides, uint64_t count, void *scratch, double *scores);
 

@@ -41,7 +41,7 @@ static inline __m512 nk_unp_lane_sums(__m512 const v[16]) {
     for (int i = 0; i < 4; ++i) /* per block: the block sums of rows 4i .. 4i + 3 */
         quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0x44),
                                  _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0xEE));
-    for (int i = 0; i < 2; ++i) /* blocks: rows 8i .. 8i + 3 (two halves), rows 8i + 4 .. 8i + 7 */
+    for (int i = 0; i < 2; ++i) /* blocks: two partial sums of rows 8i .. 8i + 3, then two of 8i + 4 .. 8i + 7 */
         halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
                                   _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xDD));
     return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
@@ -182,7 +182,7 @@ static int nk_unp_score(nk_maxsim_view_t const *q, float const *const *documents
                         int64_t const *strides, uint64_t count, void *scratch, double *scores) {
     uint64_t depth = q->depth, groups = (q->vectors + NK_UNP_ROWS - 1) / NK_UNP_ROWS;
     float *columns = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    uint64_t max_rows = 0;
+    uint64_t max_rows = q->vectors; /* the query's rows are checked into inv_d too */
     for (uint64_t i = 0; i < count; ++i) max_rows = rows[i] > max_rows ? rows[i] : max_rows;
     float *inv_d = columns + groups * depth * NK_UNP_ROWS;
     double *exact_inv_d = (double *)(((uintptr_t)(inv_d + max_rows) + 63) & ~(uintptr_t)63);

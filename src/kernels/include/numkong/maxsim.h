@@ -172,8 +172,8 @@ nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t
  * packed as float32. It screens with float32 FMAs and needs an AVX-512 family within `capabilities`
  * (nk_maxsim_unpacked_available; otherwise nk_error_argument_k). A document it cannot screen exactly
  * (a value that is not finite or not below 2^56 in magnitude, or a nonzero row whose sum of squares
- * is below 2^-80, in it or in the query) or one without rows gets NaN: pack it and score it (or
- * report its error).
+ * is below 2^-80, in it or in the query; a depth above 65,536) or one without rows gets NaN: pack
+ * it and score it (or report its error).
  * scratch: nk_maxsim_unpacked_scratch_bytes(query vectors, depth, the most rows of a document),
  * any alignment; UINT64_MAX when that does not fit. Does not allocate; one thread per call. */
 int nk_maxsim_unpacked_available(uint64_t capabilities);
