@@ -2,7 +2,9 @@
  *
  * Packing a document costs more than scoring it (quantizing its screening copy, its norms, the
  * copy itself): reranking raw embeddings once, a caller pays the packer for every candidate. This
- * path screens the caller's rows with float32 FMAs instead and returns the bits of packing each
+ * path, beside driver.h's (it pays: 1,000 x 180 x 128 float32 documents against a 32-row query, one
+ * thread, 12.6-13.1 ms here against 43-46 ms to pack them and score the corpus), screens the
+ * caller's rows with float32 FMAs instead and returns the bits of packing each
  * document as float32 and scoring it (nk_maxsim_score): for each query row the largest exact
  * cosine, (canonical float64 dot) * inv_q * inv_d with inv_d the packer's (its squares in four
  * float64 lanes, in order), then the same sum over rows.
