@@ -101,3 +101,27 @@ class Corpus:
 
     def time_score_corpus(self, lengths, threads):
         nk.maxsim_packed_corpus(self.query, self.corpus, threads=threads)
+
+
+class Rerank:
+    """numkong.pylate.colbert_scores(): one 32 x 128 float32 query against 1,000 raw float32 documents of
+    180 rows (scored unpacked on AVX-512 CPUs, packed first elsewhere) and against the same documents
+    packed ahead, on 1 and 2 threads."""
+
+    params = (["raw", "packed ahead"], [1, 2])
+    param_names = ["documents", "threads"]
+    timeout = 300
+
+    def setup(self, documents, threads):
+        try:
+            from numkong import pylate
+        except ImportError:
+            raise NotImplementedError("this commit has no numkong.pylate")
+        rng = np.random.default_rng(11)
+        self.pylate = pylate
+        self.queries = [rng.standard_normal((32, 128), dtype=np.float32)]
+        raw = [rng.standard_normal((180, 128), dtype=np.float32) for _ in range(1000)]
+        self.documents = raw if documents == "raw" else pylate.pack_documents(raw)
+
+    def time_colbert_scores(self, documents, threads):
+        self.pylate.colbert_scores(self.queries, self.documents, threads=threads)
