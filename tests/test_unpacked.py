@@ -18,7 +18,13 @@ needs_avx512 = pytest.mark.skipif(not SCREENING, reason="no AVX-512 family on th
 
 def _packed_scores(query, documents):
     packed = nk.maxsim_pack(query)
-    return np.array([nk.maxsim_packed(packed, nk.maxsim_pack(document)) for document in documents])
+    return np.array([nk.maxsim_packed(packed, nk.maxsim_pack(np.ascontiguousarray(d))) for d in documents])
+
+
+def _assert_same_bits(query, documents, family=None):
+    """Unpacked scores of every document equal, byte for byte, those of packing it."""
+    got = _maxsim_unpacked(nk.maxsim_pack(query), documents, capabilities=family)
+    assert got.tobytes() == _packed_scores(query, documents).tobytes()
 
 
 def _near_ties(rng, query, rows):
@@ -47,8 +53,7 @@ def test_same_bits_as_packing(family, depth, query_rows):
     documents[3] = _near_ties(rng, query, 24)
     documents.append(rng.standard_normal((40, depth)).astype(np.float32) * np.float32(2.0 ** -30))
     documents.append(rng.standard_normal((5, depth)).astype(np.float32) * np.float32(2.0 ** 50))
-    got = _maxsim_unpacked(nk.maxsim_pack(query), documents, capabilities=family)
-    assert got.tobytes() == _packed_scores(query, documents).tobytes()
+    _assert_same_bits(query, documents, family)
 
 
 @needs_avx512
@@ -60,8 +65,7 @@ def test_property_same_bits(seed, depth, query_rows, rows, ties):
     query = rng.standard_normal((query_rows, depth)).astype(np.float32)
     documents = [_near_ties(rng, query, n) if ties else rng.standard_normal((n, depth)).astype(np.float32)
                  for n in rows]
-    got = _maxsim_unpacked(nk.maxsim_pack(query), documents)
-    assert got.tobytes() == _packed_scores(query, documents).tobytes()
+    _assert_same_bits(query, documents)
 
 
 @needs_avx512
@@ -70,19 +74,15 @@ def test_strided_documents():
     rng = np.random.default_rng(5)
     query = rng.standard_normal((20, 24)).astype(np.float32)
     wide = rng.standard_normal((50, 40)).astype(np.float32)
-    documents = [wide[::-1, :24], wide[:, 8:32], wide[::3, 16:], np.ascontiguousarray(wide[:, :24])]
-    got = _maxsim_unpacked(nk.maxsim_pack(query), documents)
-    assert got.tobytes() == _packed_scores(query, [np.ascontiguousarray(d) for d in documents]).tobytes()
+    _assert_same_bits(query, [wide[::-1, :24], wide[:, 8:32], wide[::3, 16:], np.ascontiguousarray(wide[:, :24])])
 
 
 @needs_avx512
 def test_query_longer_than_every_document():
     """The query's rows are checked into scratch sized by its row count too (1-row documents)."""
     rng = np.random.default_rng(9)
-    query = rng.standard_normal((300, 16)).astype(np.float32)
-    documents = [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(3)]
-    got = _maxsim_unpacked(nk.maxsim_pack(query), documents)
-    assert got.tobytes() == _packed_scores(query, documents).tobytes()
+    _assert_same_bits(rng.standard_normal((300, 16)).astype(np.float32),
+                      [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(3)])
 
 
 @needs_avx512
