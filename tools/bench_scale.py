@@ -10,6 +10,7 @@ against all scores plus a sort on one thread, and maxsim-cpu's maxsim_scores_var
 """
 import os
 import tempfile
+import time
 
 import numpy as np
 
@@ -55,7 +56,6 @@ def touch_and_free(nbytes):
 def alternating(functions, rounds, before=None):
     """{name: [seconds per round]} of `functions` timed once each per round, their order reversed every
     other round (a host whose speed drifts then favours neither); `before()` runs ahead of each timing."""
-    import time
     names = list(functions)
     times = {name: [] for name in names}
     for round_index in range(rounds):

@@ -107,7 +107,7 @@ nk_status_t nk_maxsim_unpacked_f32(nk_maxsim_matrix_t const *query, float const 
     if (!query || !query->data || (count && (!documents || !rows || !strides || !scores)) ||
         query->info.dtype != nk_dtype_float32_k || !nk_maxsim_unpacked_available(capabilities))
         return nk_error_argument_k;
-    uint64_t max_rows = 0;
+    uint64_t max_rows = query->info.vectors; /* the query's rows are checked into the per-row scratch too */
     for (uint64_t i = 0; i < count; ++i) {
         if (!documents[i] || ((uintptr_t)documents[i] | (uint64_t)strides[i]) % 4u) return nk_error_argument_k;
         max_rows = rows[i] > max_rows ? rows[i] : max_rows;
@@ -121,7 +121,7 @@ nk_status_t nk_maxsim_unpacked_f32(nk_maxsim_matrix_t const *query, float const 
 #ifdef NK_HAVE_SKYLAKE
     /* Deeper rows than its bound is worked out for are left to packing. */
     if (q.vectors && q.depth && q.depth <= NK_UNPACKED_MAX_DEPTH)
-        scored = nk_maxsim_unpacked_skylake(&q, documents, rows, strides, count, scratch, scores);
+        scored = nk_maxsim_unpacked_skylake(&q, documents, rows, strides, count, max_rows, scratch, scores);
 #endif
     if (!scored)
         for (uint64_t i = 0; i < count; ++i) scores[i] = q.vectors && q.depth ? NAN : 0.0;

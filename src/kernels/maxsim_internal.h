@@ -190,11 +190,13 @@ void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *vie
 nk_maxsim_kernel_t nk_maxsim_kernel_for(uint64_t capabilities, uint64_t depth);
 
 /* Unpacked float32 documents (x86/avx512_unpacked.h): query rows per screening group, and the
- * family entry (1, or 0 when the query is out of the screened range and nothing was scored). */
+ * family entry (1, or 0 when the query is out of the screened range and nothing was scored), whose
+ * scratch holds max_rows rows (at least the query's and every document's). */
 #define NK_UNPACKED_ROWS 32u
 #define NK_UNPACKED_MAX_DEPTH 65536u
 int nk_maxsim_unpacked_skylake(nk_maxsim_view_t const *q, float const *const *documents, uint64_t const *rows,
-                               int64_t const *strides, uint64_t count, void *scratch, double *scores);
+                               int64_t const *strides, uint64_t count, uint64_t max_rows, void *scratch,
+                               double *scores);
 
 /* Check a pair of views and score them with `kernel`: the statuses of nk_maxsim_score_matrices. */
 nk_status_t nk_maxsim_score_views(nk_maxsim_kernel_t kernel, nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,

@@ -451,12 +451,16 @@ cdef bint _is_plain_matrix(object obj) except -1:
     return plain
 
 
-cdef list _matrices_of(object documents, uint64_t first_index):
-    """The checked 2-D arrays of an iterable of documents (document i named first_index + i in errors)."""
+cdef object _checked_matrix(object document, uint64_t index):
+    """Document `index` as _as_matrix checks it, its error context built only when it is not plain."""
+    return document if _is_plain_matrix(document) else _as_matrix(document, f"document {index}")
+
+
+cdef list _matrices_of(object documents):
+    """The checked 2-D arrays of an iterable of documents."""
     matrices = []
     for document in documents:
-        matrices.append(document if _is_plain_matrix(document) else
-                        _as_matrix(document, f"document {first_index + len(matrices)}"))
+        matrices.append(_checked_matrix(document, len(matrices)))
     return matrices
 
 
@@ -654,8 +658,7 @@ cdef class _CorpusBuilder:
         """Pack every document of an iterator (of checked matrices: `checked`), batch by batch."""
         batch, batch_bytes = [], 0
         for document in items:
-            matrix = document if checked or _is_plain_matrix(document) else \
-                _as_matrix(document, f"document {self.documents + len(batch)}")
+            matrix = document if checked else _checked_matrix(document, self.documents + len(batch))
             batch.append(matrix)
             batch_bytes += matrix.nbytes
             if len(batch) >= _BATCH_DOCUMENTS or batch_bytes >= _BATCH_BYTES:
@@ -756,7 +759,7 @@ def maxsim_pack_corpus(documents, /, dtype=None, *, offsets=None, lengths=None, 
     cdef uint64_t expected_bytes = 0
     cdef _CorpusBuilder builder = _CorpusBuilder()
     if at_hand:  # every document is here: the format that holds them all, and the exact size up front
-        matrices = _matrices_of(items, 0)
+        matrices = _matrices_of(items)
         if not matrices:
             raise ValueError("the corpus has no documents; pass at least one")
         if name is None:

@@ -754,7 +754,6 @@ def _maxsim_unpacked(MaxSimPackedMatrix query, list documents, capabilities=None
     scores = np.full(count, np.nan)
     if not count:
         return scores
-    cdef double[::1] out = scores
     pointers = np.empty(count, dtype=np.uintp)
     rows = np.empty(count, dtype=np.uint64)
     strides = np.empty(count, dtype=np.int64)

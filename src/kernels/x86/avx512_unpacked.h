@@ -179,13 +179,11 @@ static void nk_unp_estimate_rest(float const *columns, uint64_t depth, float con
 /* MaxSim of the packed float32 query q (view, at least one row) against each of `count` documents
  * (rows x depth float32 values, `strides[i]` bytes apart), into scores; NaN for a document it leaves
  * to the caller. 0 if the query itself is out of range (nothing scored). The scratch is laid out as
- * nk_maxsim_unpacked_scratch_bytes counts it. */
+ * nk_maxsim_unpacked_scratch_bytes counts it, for max_rows rows (the query's and every document's). */
 static int nk_unp_score(nk_maxsim_view_t const *q, float const *const *documents, uint64_t const *rows,
-                        int64_t const *strides, uint64_t count, void *scratch, double *scores) {
+                        int64_t const *strides, uint64_t count, uint64_t max_rows, void *scratch, double *scores) {
     uint64_t depth = q->depth, groups = (q->vectors + NK_UNP_ROWS - 1) / NK_UNP_ROWS;
     float *columns = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    uint64_t max_rows = q->vectors; /* the query's rows are checked into inv_d too */
-    for (uint64_t i = 0; i < count; ++i) max_rows = rows[i] > max_rows ? rows[i] : max_rows;
     float *inv_d = columns + groups * depth * NK_UNP_ROWS;
     double *exact_inv_d = (double *)(((uintptr_t)(inv_d + max_rows) + 63) & ~(uintptr_t)63);
     float *estimates = (float *)(((uintptr_t)(exact_inv_d + max_rows) + 63) & ~(uintptr_t)63);
@@ -232,12 +230,10 @@ static int nk_unp_score(nk_maxsim_view_t const *q, float const *const *documents
                 nk_unp_estimate_rest(group_columns, depth, doc, stride, j, (int)(n - j), halves, inv_q, inv_d,
                                      estimates, top, &prefetch);
             /* Candidates: estimates within 2E of their row's largest; each rescored exactly. */
-            _Alignas(64) float cut[NK_UNP_ROWS];
-            _mm512_store_ps(cut, _mm512_sub_ps(top[0], _mm512_set1_ps(margin)));
-            _mm512_store_ps(cut + 16, _mm512_sub_ps(top[1], _mm512_set1_ps(margin)));
+            __m512 const spread = _mm512_set1_ps(margin);
+            __m512 cuts[2] = {_mm512_sub_ps(top[0], spread), _mm512_sub_ps(top[1], spread)};
             double best[NK_UNP_ROWS];
             for (unsigned r = 0; r < NK_UNP_ROWS; ++r) best[r] = -INFINITY;
-            __m512 cuts[2] = {_mm512_load_ps(cut), _mm512_load_ps(cut + 16)};
             for (uint64_t d = 0; d < n; ++d) {
                 uint32_t hits = 0;
                 for (int h = 0; h < halves; ++h)

@@ -303,6 +303,7 @@ NK_FAMILY_KERNEL(nk_maxsim_skylake)
 #include "avx512_unpacked.h"
 
 int nk_maxsim_unpacked_skylake(nk_maxsim_view_t const *q, float const *const *documents, uint64_t const *rows,
-                               int64_t const *strides, uint64_t count, void *scratch, double *scores) {
-    return nk_unp_score(q, documents, rows, strides, count, scratch, scores);
+                               int64_t const *strides, uint64_t count, uint64_t max_rows, void *scratch,
+                               double *scores) {
+    return nk_unp_score(q, documents, rows, strides, count, max_rows, scratch, scores);
 }
