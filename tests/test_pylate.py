@@ -315,3 +315,62 @@ def test_threads_must_be_a_positive_int(threads, error):
     documents = [embeddings(5, 19)]
     with pytest.raises(error, match="threads"):
         nkp.rerank([["a"]], [embeddings(3, 20)], [documents], threads=threads)
+
+
+# ---- tensors read and scored in chunks by the worker threads ----
+
+def streamed_case(torch, count=None):
+    count = count or 2 * nkp._STREAM_DOCUMENTS + 5
+    query = torch.from_numpy(embeddings(32, 21, 128))
+    documents = [torch.from_numpy(embeddings(1 + n % 90, 300 + n, 128)) for n in range(count)]
+    return query, documents, [list(range(count))]
+
+
+@pytest.mark.extras
+def test_streamed_tensors_score_as_the_general_path(monkeypatch):
+    torch = pytest.importorskip("torch")
+    query, documents, ids = streamed_case(torch)
+    streamed = nkp._streamed_distances([query.numpy()], documents, None, 2)
+    assert streamed is not None and streamed.shape == (1, len(documents))
+    ranked = nkp.rerank(ids, [query], [documents], threads=2)
+    monkeypatch.setattr(nkp, "_STREAM_DOCUMENTS", 10 ** 9)  # the general path only
+    assert nkp._streamed_distances([query.numpy()], documents, None, 2) is None
+    assert nkp.rerank(ids, [query], [documents], threads=2) == ranked
+    general = nkp.colbert_scores([query], documents, threads=2)
+    assert np.array_equal(32.0 - streamed, general)
+
+
+@pytest.mark.extras
+def test_streamed_path_leaves_unusual_calls_to_the_general_path():
+    torch = pytest.importorskip("torch")
+    query, documents, ids = streamed_case(torch)
+    mixed = list(documents)
+    mixed[70] = mixed[70].half()  # float16 among float32: packed as float32 by the general path
+    assert nkp._streamed_distances([query.numpy()], mixed, None, 2) is None
+    expected = nkp.colbert_scores([query.numpy()], [d.numpy() for d in mixed], threads=1)
+    assert np.array_equal(nkp.colbert_scores([query], mixed, threads=2), expected)
+    assert nkp._streamed_distances([query.numpy()], documents, None, 1) is None  # one thread: nothing to overlap
+    assert nkp._streamed_distances([query.numpy()], documents, "float16", 2) is None
+    bad = list(documents)
+    bad[77] = bad[77].clone()
+    bad[77][0, 5] = float("nan")
+    with pytest.raises(ValueError, match="document 77"):
+        nkp.rerank(ids, [query], [bad], threads=2)
+    bad[77] = documents[77][:0]
+    with pytest.raises(ValueError, match="document 77 has no rows"):
+        nkp.rerank(ids, [query], [bad], threads=2)
+
+
+def test_numpy_dtype_objects_choose_the_packing_dtype():
+    query = embeddings(8, 22)
+    documents = [embeddings(n, 23 + n) for n in (3, 9)]
+    named = nkp.colbert_scores([query], documents, dtype="float16")
+    assert np.array_equal(nkp.colbert_scores([query], documents, dtype=np.dtype("float16")), named)
+    assert not np.array_equal(nkp.colbert_scores([query], documents), named)
+
+
+def test_thread_pools_are_kept_and_a_forked_child_starts_its_own(monkeypatch):
+    pool = nkp._pool(2)
+    assert nkp._pool(2) is pool
+    monkeypatch.setattr(nkp, "_POOLS_PID", [-1])  # as a forked child sees its parent's pid
+    assert nkp._pool(2) is not pool
