@@ -149,6 +149,15 @@ def test_tensor_that_requires_grad_is_read_through_detach():
     assert nk.maxsim(t, t * 1) == nk.maxsim(t.detach().numpy(), (t * 1).detach().numpy())
 
 
+def test_lazily_negated_views_are_read_with_their_sign():
+    t = torch.randn(6, 16, generator=torch.Generator().manual_seed(5))
+    negated = torch._neg_view(t)
+    assert negated.is_neg()
+    assert nk.maxsim(negated, t) == nk.maxsim(-t, t)
+    assert nk.maxsim(t, t) != nk.maxsim(-t, t)
+    assert nk.maxsim_pack_corpus([negated]).document(0).tolist() == (-t).tolist()
+
+
 def test_meta_device_is_refused_with_advice():
     meta = torch.empty(4, 8, device="meta")
     with pytest.raises(ValueError, match=r"meta.*move it to the CPU.*\.cpu\(\)"):
