@@ -98,12 +98,18 @@ def test_left_to_packing():
     with_nan[1, 2] = np.nan
     with_inf = good.copy()
     with_inf[0, 0] = np.inf
-    documents = [good, good * np.float32(2.0 ** 60), good * np.float32(2.0 ** -61), with_nan, with_inf,
+    tiny_row = good.copy()  # one tiny row beside a zero row: the zero row is scored, the tiny one is not
+    tiny_row[0] = -0.0
+    tiny_row[2] *= np.float32(2.0 ** -61)
+    documents = [good, good * np.float32(2.0 ** 60), good * np.float32(2.0 ** -61), tiny_row, with_nan, with_inf,
                  good.astype(np.float64), good[:, :4], np.asfortranarray(good), unaligned, good[:0],
                  good.tolist(), good.astype('>f4'), good]
     got = _maxsim_unpacked(nk.maxsim_pack(query), documents)
     expected = _packed_scores(query, [good])[0]
     assert got[0] == got[-1] == expected
+    zero_row = good.copy()
+    zero_row[1] = -0.0
+    _assert_same_bits(query, [zero_row, np.zeros((2, 8), np.float32)])
     assert np.isnan(got[1:-1]).all()
     # The query itself out of range: nothing is scored.
     assert np.isnan(_maxsim_unpacked(nk.maxsim_pack(query * np.float32(2.0 ** 62)), [good])).all()

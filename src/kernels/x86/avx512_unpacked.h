@@ -50,44 +50,49 @@ static inline __m512 nk_unp_lane_sums(__m512 const v[16]) {
                          _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
 }
 
+/* Whether the row's `depth` values are all zero (+0 or -0). */
+static int nk_unp_row_is_zero(float const *row, uint64_t depth) {
+    for (uint64_t k = 0; k < depth; ++k)
+        if (row[k] != 0.0f) return 0;
+    return 1;
+}
+
 /* Check rows [0, count) (count <= 16) of a matrix (`stride` bytes apart) and write their float32 inverse
  * norms (0 for a zero row) to inv_norms. 0 when a value is not finite or not below 2^56 in magnitude, or a
  * nonzero row's float32 sum of squares is below 2^-80: the screening bound then holds (no product or
  * sum overflows; a row's norm loses at most 2^-53 of itself to underflow, and so does a dot product of
- * two such rows, at depths up to 65,536). Per row, only vector chains of its own: a NaN or infinity
- * makes its sum of squares non-finite, and its sum of magnitudes is 0 only for a zero row. */
+ * two such rows, at depths up to 65,536). Per row, one chain of squares: a NaN or infinity makes its
+ * sum non-finite; a sum below 2^-80 (rare) is told apart as a zero row by a second look at the row. */
 static int nk_unp_check_rows(float const *first, int64_t stride, unsigned count, uint64_t depth, float *inv_norms) {
-    __m512 squares[16], magnitudes[16], zero = _mm512_setzero_ps(), top = zero;
+    __m512 squares[16], zero = _mm512_setzero_ps(), top = zero;
     uint64_t full = depth / 16 * 16;
     __mmask16 tail = (__mmask16)((1u << (depth % 16)) - 1u);
-    for (unsigned j = 0; j < 16; ++j) squares[j] = magnitudes[j] = zero;
+    for (unsigned j = count; j < 16; ++j) squares[j] = zero;
     for (unsigned j = 0; j < count; ++j) {
         float const *row = (float const *)((char const *)first + (int64_t)j * stride);
-        __m512 sum = zero, size = zero, largest = zero;
+        __m512 sum = zero, largest = zero;
         for (uint64_t k = 0; k < full; k += 16) {
-            __m512 x = _mm512_loadu_ps(row + k), magnitude = _mm512_abs_ps(x);
+            __m512 x = _mm512_loadu_ps(row + k);
             sum = _mm512_fmadd_ps(x, x, sum);
-            size = _mm512_add_ps(size, magnitude);
-            largest = _mm512_max_ps(largest, magnitude);
+            largest = _mm512_max_ps(largest, _mm512_abs_ps(x));
         }
         if (tail) {
-            __m512 x = _mm512_maskz_loadu_ps(tail, row + full), magnitude = _mm512_abs_ps(x);
+            __m512 x = _mm512_maskz_loadu_ps(tail, row + full);
             sum = _mm512_fmadd_ps(x, x, sum);
-            size = _mm512_add_ps(size, magnitude);
-            largest = _mm512_max_ps(largest, magnitude);
+            largest = _mm512_max_ps(largest, _mm512_abs_ps(x));
         }
-        squares[j] = sum, magnitudes[j] = size;
+        squares[j] = sum;
         top = _mm512_max_ps(top, largest);
     }
-    __m512 sums = nk_unp_lane_sums(squares), sizes = nk_unp_lane_sums(magnitudes);
+    __m512 sums = nk_unp_lane_sums(squares);
     __mmask16 rows = (__mmask16)((1u << count) - 1u);
-    __mmask16 nonzero = _mm512_cmp_ps_mask(sizes, zero, _CMP_GT_OQ) & rows;
-    __mmask16 usable = _mm512_cmp_ps_mask(sums, _mm512_set1_ps(0x1p-80f), _CMP_GE_OQ) &
-                       _mm512_cmp_ps_mask(sums, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ); /* NaN, inf fail */
-    __mmask16 finite = _mm512_cmp_ps_mask(sums, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ) |
-                       _mm512_cmp_ps_mask(sizes, zero, _CMP_EQ_OQ); /* a zero row's sum is 0 */
-    if (_mm512_reduce_max_ps(top) >= NK_UNP_HIGH || (rows & ~finite) || (nonzero & ~usable)) return 0;
-    __m512 inv = _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(1.0f), _mm512_sqrt_ps(sums));
+    __mmask16 finite = _mm512_cmp_ps_mask(sums, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ); /* NaN, inf fail */
+    __mmask16 usable = _mm512_cmp_ps_mask(sums, _mm512_set1_ps(0x1p-80f), _CMP_GE_OQ) & finite;
+    if (_mm512_reduce_max_ps(top) >= NK_UNP_HIGH || (rows & ~finite)) return 0;
+    for (__mmask16 small = rows & ~usable; small; small &= (__mmask16)(small - 1u))
+        if (!nk_unp_row_is_zero((float const *)((char const *)first + (int64_t)nk_ctz64(small) * stride), depth))
+            return 0;
+    __m512 inv = _mm512_maskz_div_ps(usable, _mm512_set1_ps(1.0f), _mm512_sqrt_ps(sums));
     _mm512_mask_storeu_ps(inv_norms, rows, inv);
     return 1;
 }
