@@ -86,6 +86,18 @@ def test_query_longer_than_every_document():
 
 
 @needs_avx512
+def test_every_row_a_candidate():
+    """Rows that tie for every query row: thousands of candidate pairs per group, rescored in batches."""
+    rng = np.random.default_rng(13)
+    query = rng.standard_normal((40, 64)).astype(np.float32)
+    query[5] = 0.0
+    row = rng.standard_normal(64).astype(np.float32)
+    ties = np.repeat(row[None], 150, axis=0)
+    ties[::7] *= np.float32(2.0)  # the same direction, other norms
+    _assert_same_bits(query, [ties, np.concatenate([ties, query[:3]])])
+
+
+@needs_avx512
 def test_left_to_packing():
     """NaN for every document it cannot screen exactly or read in place; the others are scored."""
     rng = np.random.default_rng(7)
