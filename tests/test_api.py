@@ -274,7 +274,7 @@ def test_capability_is_an_int_flag_with_one_bit_per_family():
     names = [c.name for c in nk.Capability]
     # Only families that have kernels are public; their bits never change (they are stored in buffers).
     assert {c.name: c.value for c in nk.Capability} == {
-        "SERIAL": 1, "HASWELL": 2, "SKYLAKE": 4, "ICELAKE": 8, "SAPPHIREAMX": 32, "NEON": 64, "SVE": 128}
+        "SERIAL": 1, "HASWELL": 2, "SKYLAKE": 4, "ICELAKE": 8, "GENOA": 16, "SAPPHIREAMX": 32, "NEON": 64, "SVE": 128}
     values = [c.value for c in nk.Capability]
     assert all(v and v & (v - 1) == 0 for v in values)
 

@@ -80,7 +80,8 @@ def test_windows_build_matches_serial_under_wine(tmp_path, native_digests):
     require_tools("x86_64-w64-mingw32-gcc")
     if not any(shutil.which(w) for w in ("wine64", "/usr/lib/wine/wine64", "wine")):
         require_tools("wine64")
-    required = " ".join(f for f in ("haswell", "skylake", "icelake", "sapphireamx") if f not in MINGW_KNOWN_FAILURES)
+    required = " ".join(f for f in ("haswell", "skylake", "icelake", "genoa", "sapphireamx")
+                        if f not in MINGW_KNOWN_FAILURES)
     run = subprocess.run(["bash", os.path.join(HERE, "c", "run_mingw.sh"), str(tmp_path)], capture_output=True,
                          text=True, env=dict(os.environ, NK_MINGW_REQUIRE=required, NK_MINGW_ARGS="quick"), timeout=1800)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]

@@ -10,7 +10,7 @@ from numkong import pylate as nkp
 from numkong._maxsim import _maxsim_unpacked
 from conftest import AVAILABLE_FAMILIES
 
-AVX512 = nk.Capability.SKYLAKE | nk.Capability.ICELAKE | nk.Capability.SAPPHIREAMX
+AVX512 = nk.Capability.SKYLAKE | nk.Capability.ICELAKE | nk.Capability.GENOA | nk.Capability.SAPPHIREAMX
 SCREENING = [cap for cap in AVAILABLE_FAMILIES if cap & AVX512]
 OTHERS = [cap for cap in AVAILABLE_FAMILIES if not cap & AVX512]
 needs_avx512 = pytest.mark.skipif(not SCREENING, reason="no AVX-512 family on this CPU")
@@ -122,6 +122,11 @@ def test_left_to_packing():
     zero_row = good.copy()
     zero_row[1] = -0.0
     _assert_same_bits(query, [zero_row, np.zeros((2, 8), np.float32)])
+    # Every value below 2^56 but a row's sum of squares above 2^120 (1024 x 1.5^2 x 2^110 = 2^121.2).
+    deep_query = rng.standard_normal((4, 1024)).astype(np.float32)
+    loud = np.full((2, 1024), np.float32(1.5 * 2.0 ** 55))
+    assert np.isnan(_maxsim_unpacked(nk.maxsim_pack(deep_query), [loud])).all()
+    _assert_same_bits(deep_query, [loud * np.float32(2.0 ** -2)])  # 2^117.2: screened
     assert np.isnan(got[1:-1]).all()
     # The query itself out of range: nothing is scored.
     assert np.isnan(_maxsim_unpacked(nk.maxsim_pack(query * np.float32(2.0 ** 62)), [good])).all()

@@ -63,7 +63,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-CPU_CLASSES = ["serial", "haswell", "skylake", "icelake"]  # x86 families, each a superset of the last
+CPU_CLASSES = ["serial", "haswell", "skylake", "icelake", "genoa"]  # x86 families, each a superset of the last
 SHAPES = [(32, 180, 128), (32, 1024, 128), (1024, 1024, 128), (32, 512, 768)]  # queries, documents, depth
 DTYPES = ["float32", "bfloat16", "float16", "e4m3", "e5m2", "e2m3", "e3m2"]
 
@@ -577,7 +577,7 @@ def main():
     args.kept_families = CPU_CLASSES[:CPU_CLASSES.index(args.cpu_class) + 1] if args.cpu_class else None
     if args.kept_families:  # before numkong is imported here or in the corpus worker, which inherits it
         os.environ["NUMKONG_DISABLE"] = ",".join(
-            name for name in ("haswell", "skylake", "icelake", "sapphireamx")
+            name for name in ("haswell", "skylake", "icelake", "genoa", "sapphireamx")
             if name not in args.kept_families)
     if args.worker:
         worker()

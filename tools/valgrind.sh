@@ -8,7 +8,7 @@ set -euo pipefail
 python="${1:-python3}"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-NUMKONG_DISABLE=skylake,icelake,sapphireamx PYTHONMALLOC=malloc \
+NUMKONG_DISABLE=skylake,icelake,genoa,sapphireamx PYTHONMALLOC=malloc \
 valgrind --tool=memcheck --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite \
     --num-callers=30 --log-file="$log" "$python" - <<'PY'
 import pickle

@@ -73,6 +73,7 @@ static uint64_t nk_probe_cpu(void) {
     int avx512bw = (ebx >> 30) & 1, avx512vl = (ebx >> 31) & 1;
     int vbmi = (ecx >> 1) & 1, vbmi2 = (ecx >> 6) & 1, vnni = (ecx >> 11) & 1, bitalg = (ecx >> 12) & 1;
     int vpopcntdq = (ecx >> 14) & 1;
+    unsigned leaf7_subleaves = registers[0];
     if (avx2 && fma && f16c) caps |= nk_cap_haswell_k;
     int amx_tile = (edx >> 24) & 1, amx_int8 = (edx >> 25) & 1;
     int os_amx = (xcr0 & 0x60000) == 0x60000; /* XTILECFG and XTILEDATA */
@@ -80,6 +81,10 @@ static uint64_t nk_probe_cpu(void) {
         caps |= nk_cap_skylake_k;
         if (vnni && vbmi && vbmi2 && bitalg && vpopcntdq) {
             caps |= nk_cap_icelake_k;
+            if (leaf7_subleaves >= 1) { /* AVX512_BF16: CPUID(7, 1).EAX bit 5 */
+                nk_cpuid(7, 1, registers);
+                if ((registers[0] >> 5) & 1) caps |= nk_cap_genoa_k;
+            }
             if (amx_tile && amx_int8 && os_amx && nk_request_amx()) caps |= nk_cap_sapphireamx_k;
         }
     }
@@ -116,6 +121,9 @@ uint64_t nk_capabilities_compiled(void) {
 #endif
 #ifdef NK_HAVE_ICELAKE
     caps |= nk_cap_icelake_k;
+#endif
+#ifdef NK_HAVE_GENOA
+    caps |= nk_cap_genoa_k;
 #endif
 #ifdef NK_HAVE_SAPPHIREAMX
     caps |= nk_cap_sapphireamx_k;

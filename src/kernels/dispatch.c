@@ -11,6 +11,9 @@ static nk_family_t const nk_families[] = {
 #ifdef NK_HAVE_SAPPHIREAMX
     {nk_cap_sapphireamx_k, nk_maxsim_sapphireamx},
 #endif
+#if defined(NK_HAVE_GENOA) && defined(NK_HAVE_ICELAKE)
+    {nk_cap_genoa_k, nk_maxsim_icelake}, /* genoa adds only the unpacked path's screening (below) */
+#endif
 #ifdef NK_HAVE_ICELAKE
     {nk_cap_icelake_k, nk_maxsim_icelake},
 #endif
@@ -81,7 +84,7 @@ nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t
 int nk_maxsim_unpacked_available(uint64_t capabilities) {
 #ifdef NK_HAVE_SKYLAKE
     return (capabilities & nk_capabilities_available() &
-            (nk_cap_skylake_k | nk_cap_icelake_k | nk_cap_sapphireamx_k)) != 0;
+            (nk_cap_skylake_k | nk_cap_icelake_k | nk_cap_genoa_k | nk_cap_sapphireamx_k)) != 0;
 #else
     (void)capabilities;
     return 0;
@@ -94,9 +97,11 @@ int nk_maxsim_unpacked_available(uint64_t capabilities) {
 uint64_t nk_maxsim_unpacked_scratch_bytes(uint64_t query_vectors, uint64_t depth, uint64_t max_rows) {
     uint64_t groups = query_vectors / NK_UNPACKED_ROWS + (query_vectors % NK_UNPACKED_ROWS != 0), columns, per_row;
     if (query_vectors > max_rows) max_rows = query_vectors;
+    if (depth > NK_UNPACKED_MAX_DEPTH) depth = NK_UNPACKED_MAX_DEPTH; /* deeper rows are not screened */
+    uint64_t bfloat16_row = (depth + 15) / 16 * 16 * 2;              /* a row's bfloat16 copy, 32-byte blocks */
     if (!nk_u64_mul(groups, depth, &columns) || !nk_u64_mul(columns, NK_UNPACKED_ROWS * 4u, &columns) ||
-        !nk_u64_mul(max_rows, 4u + 8u + NK_UNPACKED_ROWS * 4u, &per_row) || !nk_u64_add(columns, per_row, &columns) ||
-        !nk_u64_add(columns, 4u * 64u, &columns))
+        !nk_u64_mul(max_rows, 4u + 8u + NK_UNPACKED_ROWS * 4u + bfloat16_row, &per_row) ||
+        !nk_u64_add(columns, per_row, &columns) || !nk_u64_add(columns, 5u * 64u, &columns))
         return UINT64_MAX;
     return columns;
 }
@@ -120,8 +125,14 @@ nk_status_t nk_maxsim_unpacked_f32(nk_maxsim_matrix_t const *query, float const 
     int scored = 0;
 #ifdef NK_HAVE_SKYLAKE
     /* Deeper rows than its bound is worked out for are left to packing. */
-    if (q.vectors && q.depth && q.depth <= NK_UNPACKED_MAX_DEPTH)
-        scored = nk_maxsim_unpacked_skylake(&q, documents, rows, strides, count, max_rows, scratch, scores);
+    if (q.vectors && q.depth && q.depth <= NK_UNPACKED_MAX_DEPTH) {
+#ifdef NK_HAVE_GENOA
+        if (capabilities & nk_capabilities_available() & nk_cap_genoa_k)
+            scored = nk_maxsim_unpacked_genoa(&q, documents, rows, strides, count, max_rows, scratch, scores);
+        else
+#endif
+            scored = nk_maxsim_unpacked_skylake(&q, documents, rows, strides, count, max_rows, scratch, scores);
+    }
 #endif
     if (!scored)
         for (uint64_t i = 0; i < count; ++i) scores[i] = q.vectors && q.depth ? NAN : 0.0;

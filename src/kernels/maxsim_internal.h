@@ -197,6 +197,8 @@ nk_maxsim_kernel_t nk_maxsim_kernel_for(uint64_t capabilities, uint64_t depth);
 int nk_maxsim_unpacked_skylake(nk_maxsim_view_t const *q, float const *const *documents, uint64_t const *rows,
                                int64_t const *strides, uint64_t count, uint64_t max_rows, void *scratch,
                                double *scores);
+int nk_maxsim_unpacked_genoa(nk_maxsim_view_t const *q, float const *const *documents, uint64_t const *rows,
+                             int64_t const *strides, uint64_t count, uint64_t max_rows, void *scratch, double *scores);
 
 /* Check a pair of views and score them with `kernel`: the statuses of nk_maxsim_score_matrices. */
 nk_status_t nk_maxsim_score_views(nk_maxsim_kernel_t kernel, nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,

@@ -288,11 +288,12 @@ static nk_pack_rows_t const *nk_pack_rows_for(uint64_t capabilities) {
     uint64_t available = nk_capabilities_available();
     (void)available;
 #ifdef NK_HAVE_PACK_SKYLAKE
-    if ((capabilities & (nk_cap_skylake_k | nk_cap_icelake_k | nk_cap_sapphireamx_k)) && (available & nk_cap_skylake_k))
+    if ((capabilities & (nk_cap_skylake_k | nk_cap_icelake_k | nk_cap_genoa_k | nk_cap_sapphireamx_k)) &&
+        (available & nk_cap_skylake_k))
         return &nk_pack_rows_skylake;
 #endif
 #ifdef NK_HAVE_PACK_HASWELL
-    if ((capabilities & (nk_cap_haswell_k | nk_cap_skylake_k | nk_cap_icelake_k | nk_cap_sapphireamx_k)) &&
+    if ((capabilities & (nk_cap_haswell_k | nk_cap_skylake_k | nk_cap_icelake_k | nk_cap_genoa_k | nk_cap_sapphireamx_k)) &&
         (available & nk_cap_haswell_k))
         return &nk_pack_rows_haswell;
 #endif

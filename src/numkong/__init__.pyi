@@ -29,6 +29,7 @@ class Capability(enum.IntFlag):
     HASWELL = 2
     SKYLAKE = 4
     ICELAKE = 8
+    GENOA = 16
     SAPPHIREAMX = 32
     NEON = 64
     SVE = 128

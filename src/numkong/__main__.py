@@ -34,6 +34,7 @@ FAMILY_ISA = {
     "haswell": "AVX2, FMA, F16C",
     "skylake": "haswell + AVX-512 F/CD/BW/DQ/VL",
     "icelake": "skylake + AVX-512 VNNI, VBMI, VBMI2, BITALG, VPOPCNTDQ",
+    "genoa": "icelake + AVX512-BF16 (bfloat16 screening of raw float32 documents; packed ones as icelake)",
     "sapphire": "icelake + AVX512-FP16, AVX512-BF16 (no kernels yet)",
     "sapphireamx": "icelake + AMX-TILE, AMX-INT8",
     "neon": "Armv8.2-A Advanced SIMD with dotprod and fp16",

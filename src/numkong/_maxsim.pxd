@@ -35,6 +35,7 @@ cdef extern from "numkong/maxsim.h" nogil:
         nk_cap_haswell_k
         nk_cap_skylake_k
         nk_cap_icelake_k
+        nk_cap_genoa_k
         nk_cap_sapphireamx_k
         nk_cap_neon_k
         nk_cap_sve_k

@@ -133,6 +133,7 @@ class Capability(enum.IntFlag):
     HASWELL = nk_cap_haswell_k
     SKYLAKE = nk_cap_skylake_k
     ICELAKE = nk_cap_icelake_k
+    GENOA = nk_cap_genoa_k
     SAPPHIREAMX = nk_cap_sapphireamx_k
     NEON = nk_cap_neon_k
     SVE = nk_cap_sve_k

@@ -21,7 +21,7 @@ compile serial -fno-tree-vectorize
 case "$("$cc" -dumpmachine)" in
 x86_64*)
     source "$here/family_flags.sh"
-    for family in haswell skylake icelake sapphireamx; do
+    for family in haswell skylake icelake genoa sapphireamx; do
         if [ -f "$root/src/kernels/x86/$family.c" ]; then
             mapfile -t flags < <(family_flags "$family")
             compile "x86/$family" "${flags[@]}"

@@ -29,7 +29,7 @@ compile() { # name flags...
 }
 source "$here/family_flags.sh"
 compile serial -fno-tree-vectorize
-for family in haswell skylake icelake sapphireamx; do
+for family in haswell skylake icelake genoa sapphireamx; do
     mapfile -t flags < <(family_flags "$family")
     if "$cc" "${common[@]}" "${flags[@]}" -c "$root/src/kernels/x86/$family.c" -o "$out/$family.o" 2>"$out/$family.err"; then
         objects+=("$out/$family.o") defines+=("-DNK_HAVE_${family^^}") built+=("$family")

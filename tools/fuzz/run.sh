@@ -14,10 +14,10 @@ out="$(mktemp -d)"
 flags=(-g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$root/src/kernels" -I"$root/src/kernels/include")
 source "$root/tests/c/family_flags.sh"
-mapfile -t x86 < <(family_flags sapphireamx) # every x86 family's flags, for every source
+mapfile -t x86 < <(family_flags sapphireamx; family_flags genoa) # every x86 family's flags, for every source
 sources=(serial capabilities corpus dispatch pack)
 defines=()
-for family in ${FAMILIES:-haswell skylake icelake sapphireamx}; do
+for family in ${FAMILIES:-haswell skylake icelake genoa sapphireamx}; do
     [ -f "$root/src/kernels/x86/$family.c" ] && sources+=("x86/$family") && defines+=("-DNK_HAVE_${family^^}")
 done
 for name in "${sources[@]}"; do

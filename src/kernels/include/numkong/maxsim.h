@@ -48,17 +48,18 @@ typedef enum nk_dtype {
     nk_dtype_uint1_k = 11, /* one bit per dimension: +1 where set, -1 where not */
 } nk_dtype_t;
 
-/* Kernel families, one bit each. Stored in packed buffers: never renumber. Bits 4 and 8 are
- * reserved (for AVX-512 FP16/BF16 and SVE2 families that have no kernels yet). */
+/* Kernel families, one bit each. Stored in packed buffers: never renumber. Bit 8 is reserved (for
+ * an SVE2 family that has no kernels yet). */
 enum {
     nk_cap_serial_k = 1u << 0,      /* portable C */
     nk_cap_haswell_k = 1u << 1,     /* AVX2 + FMA + F16C */
     nk_cap_skylake_k = 1u << 2,     /* AVX-512 F/CD/BW/DQ/VL */
     nk_cap_icelake_k = 1u << 3,     /* + VNNI, VBMI, VBMI2, BITALG, VPOPCNTDQ */
-    nk_cap_sapphireamx_k = 1u << 5, /* + AMX-TILE, AMX-INT8 */
+    nk_cap_genoa_k = 1u << 4,       /* icelake + AVX512_BF16 (bfloat16 screening of raw float32 rows) */
+    nk_cap_sapphireamx_k = 1u << 5, /* icelake + AMX-TILE, AMX-INT8 */
     nk_cap_neon_k = 1u << 6,        /* Arm Advanced SIMD + dotprod + fp16 */
     nk_cap_sve_k = 1u << 7,         /* Arm SVE */
-    nk_cap_families_k = nk_cap_serial_k | nk_cap_haswell_k | nk_cap_skylake_k | nk_cap_icelake_k |
+    nk_cap_families_k = nk_cap_serial_k | nk_cap_haswell_k | nk_cap_skylake_k | nk_cap_icelake_k | nk_cap_genoa_k |
                         nk_cap_sapphireamx_k | nk_cap_neon_k | nk_cap_sve_k, /* every named family */
 };
 /* The mask an unrestricted pack stores: scoring elsewhere uses that machine's best families. */
@@ -172,8 +173,9 @@ nk_status_t nk_maxsim_score(void const *queries, void const *documents, uint64_t
  * packed as float32. It screens with float32 FMAs and needs an AVX-512 family within `capabilities`
  * (nk_maxsim_unpacked_available; otherwise nk_error_argument_k). A document it cannot screen exactly
  * (a value that is not finite or not below 2^56 in magnitude, or a nonzero row whose sum of squares
- * is below 2^-80, in it or in the query; a depth above 65,536) or one without rows gets NaN: pack
- * it and score it (or report its error).
+ * is below 2^-80 or above 2^120, in it or in the query; a depth above 65,536) or one without rows gets
+ * NaN: pack it and score it (or report its error). The genoa family, when the mask allows it, screens
+ * in bfloat16 pairs; every family returns the same bits.
  * scratch: nk_maxsim_unpacked_scratch_bytes(query vectors, depth, the most rows of a document),
  * any alignment; UINT64_MAX when that does not fit. Does not allocate; one thread per call. */
 int nk_maxsim_unpacked_available(uint64_t capabilities);
