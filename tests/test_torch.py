@@ -191,3 +191,26 @@ def test_integer_tensor_needs_a_dtype():
     with pytest.raises(TypeError, match="integer dtype"):
         nk.maxsim_pack(t)
     assert nk.maxsim_pack(t, dtype="float32").dtype == "float32"
+
+
+def test_unpacked_scoring_reads_float32_tensors_in_place():
+    from numkong._maxsim import _maxsim_unpacked
+    rng = np.random.default_rng(31)
+    query = rng.standard_normal((20, 24)).astype(np.float32)
+    packed = nk.maxsim_pack(query)
+    base = torch.from_numpy(rng.standard_normal((50, 40)).astype(np.float32))
+    tensors = [base[:, :24], base[5:9, 8:32], base[::3, 16:], base[:1, :24].expand(6, 24),
+               base[:7, :24].clone().requires_grad_(True)]
+    arrays = [t.detach().numpy() for t in tensors]
+    got = _maxsim_unpacked(packed, tensors)
+    if got is None:
+        pytest.skip("no AVX-512 family on this CPU")
+    assert got.tobytes() == _maxsim_unpacked(packed, arrays).tobytes()
+    assert not np.isnan(got).any()
+    # Left to the caller (NaN): columns not contiguous, another dtype or depth, no rows, a lazily
+    # negated view (its memory lacks the sign), an infinity.
+    with_inf = base[:3, :24].clone()
+    with_inf[1, 2] = float("inf")
+    others = [base[:24, :24].t(), base[:4, :24].double(), base[:4, :23], base[:0, :24],
+              torch._neg_view(base[:4, :24]), with_inf]
+    assert np.isnan(_maxsim_unpacked(packed, others)).all()

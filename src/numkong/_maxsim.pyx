@@ -742,12 +742,49 @@ def maxsim_packed(queries, documents, /, *, capabilities=None, stream=None):
     return _score(q, d, _resolve_capabilities(capabilities, default))
 
 
+cdef object _TORCH_TENSOR = None   # torch.Tensor and torch.float32 once seen (torch is never imported)
+cdef object _TORCH_FLOAT32 = None
+cdef object _TORCH_STRIDED = None
+
+
+cdef bint _torch_rows(object tensor, uint64_t depth, size_t *address, uint64_t *rows, int64_t *stride):
+    """Whether `tensor` is a torch CPU float32 tensor [rows > 0, depth] with rows contiguous along depth,
+    read from the tensor's own attributes (about 0.6 us; a NumPy view first costs about 1.1 us): its
+    address, rows and row stride in bytes. False for anything else, which the caller reads another way."""
+    global _TORCH_TENSOR, _TORCH_FLOAT32, _TORCH_STRIDED
+    cls = type(tensor)
+    if cls is not _TORCH_TENSOR:
+        if _TORCH_TENSOR is not None or cls.__module__ != "torch" or cls.__name__ != "Tensor":
+            return False
+        _TORCH_TENSOR = cls
+    try:
+        dtype, layout = tensor.dtype, tensor.layout
+        if dtype is not _TORCH_FLOAT32:
+            if _TORCH_FLOAT32 is not None or str(dtype) != "torch.float32":
+                return False
+            _TORCH_FLOAT32 = dtype
+        if layout is not _TORCH_STRIDED:
+            if _TORCH_STRIDED is not None or str(layout) != "torch.strided":
+                return False
+            _TORCH_STRIDED = layout
+        if tensor.is_cpu is not True or tensor.is_neg():  # a lazily negated view's memory lacks its sign
+            return False
+        shape, strides = tensor.shape, tensor.stride()
+        if len(shape) != 2 or shape[0] <= 0 or shape[1] != depth or strides[1] != 1 or strides[0] < 0:
+            return False
+        address[0], rows[0], stride[0] = <size_t>tensor.data_ptr(), shape[0], strides[0] * 4
+    except Exception:  # no storage (e.g. inside a torch.func transform), and the like
+        return False
+    return address[0] % 4 == 0
+
+
 def _maxsim_unpacked(MaxSimPackedMatrix query, list documents, capabilities=None):
     """MaxSim of a packed float32 query against float32 documents scored where they are, without packing
     them (nk_maxsim_unpacked_f32): float64 [documents], each with the bits of packing that document as
-    float32 and scoring it, or NaN for one to pack instead (not a float32 matrix of the query's depth with
-    aligned rows contiguous along depth, a value not finite, a row outside the screened range, no rows).
-    None when no AVX-512 family is available within `capabilities` (default: the query's)."""
+    float32 and scoring it, or NaN for one to pack instead (not a float32 NumPy array or torch CPU tensor
+    of the query's depth with aligned rows contiguous along depth, a value not finite, a row outside the
+    screened range, no rows). None when no AVX-512 family is available within `capabilities` (default:
+    the query's)."""
     cdef uint64_t mask = _resolve_capabilities(capabilities, _stored_mask(query.matrix.info.capabilities))
     if query.matrix.info.dtype != nk_dtype_float32_k or not nk_maxsim_unpacked_available(mask):
         return None
@@ -763,9 +800,17 @@ def _maxsim_unpacked(MaxSimPackedMatrix query, list documents, capabilities=None
     cdef uint64_t[::1] row_view = rows
     cdef int64_t[::1] stride_view = strides
     cdef Py_buffer view
+    cdef size_t address
+    cdef uint64_t document_rows
+    cdef int64_t row_stride
     for i in range(count):
         document = documents[i]
         if type(document) is not np.ndarray:
+            if _torch_rows(document, depth, &address, &document_rows, &row_stride):
+                pointer_view[taken], row_view[taken], stride_view[taken] = address, document_rows, row_stride
+                positions[taken] = i
+                max_rows = max(max_rows, document_rows)
+                taken += 1
             continue
         PyObject_GetBuffer(document, &view, PyBUF_STRIDES | PyBUF_FORMAT)  # format "f": native float32
         usable = view.ndim == 2 and view.itemsize == 4 and view.format[0] == b'f' and view.format[1] == 0 and \

@@ -329,12 +329,14 @@ def _streamed_distances(queries, documents, dtype, threads):
         return None
     packed = [_pack_query(query, name, position) for position, query in enumerate(queries)]
 
+    def read(obj):
+        matrix = _matrix(obj, "")
+        if matrix.shape[0] == 0 or (dtype is None and matrix.dtype != _np.float32):
+            raise _Unusual
+        return matrix
+
     def chunk(start):
-        matrices = [_matrix(obj, "") for obj in documents[start:start + _STREAM_DOCUMENTS]]
-        for matrix in matrices:
-            if matrix.shape[0] == 0 or (dtype is None and matrix.dtype != _np.float32):
-                raise _Unusual
-        return _shard_distances(packed, matrices, name, 1)
+        return _shard_distances(packed, list(documents[start:start + _STREAM_DOCUMENTS]), name, 1, read=read)
 
     try:
         parts = list(_pool(threads).map(chunk, range(0, len(documents), _STREAM_DOCUMENTS)))
@@ -343,24 +345,28 @@ def _streamed_distances(queries, documents, dtype, threads):
     return _np.concatenate(parts, axis=1)
 
 
-def _shard_distances(packed_queries, matrices, name, threads, what=""):
-    """Distances [queries, documents] of one shard of raw documents (rows checked): float32 ones scored
-    unpacked where that is available, the rest packed into a corpus and scored."""
-    distances = _np.full((len(packed_queries), len(matrices)), _np.nan)
+def _shard_distances(packed_queries, documents, name, threads, what="", read=None):
+    """Distances [queries, documents] of one shard of raw documents: matrices (rows checked), or the
+    caller's objects with `read` making a checked matrix of each one the unpacked path leaves (torch
+    float32 tensors are read in place). float32 ones are scored unpacked where that is available, the
+    rest packed into a corpus and scored."""
+    distances = _np.full((len(packed_queries), len(documents)), _np.nan)
     if name == "float32":
         for row, query in enumerate(packed_queries):
-            unpacked = _maxsim_unpacked(query, matrices)
+            unpacked = _maxsim_unpacked(query, documents)
             if unpacked is None:
                 break
             distances[row] = unpacked
     left = _np.flatnonzero(_np.isnan(distances).any(axis=0))
-    if left.size == len(matrices):
+    matrices = [documents[i] if read is None else read(documents[i]) for i in left]
+    if left.size == len(documents):  # every one (or none at all: packing says there are no documents)
         return _distances(packed_queries, _pack_corpus(matrices, name, what), threads)
     if left.size:
         try:
-            corpus = _pack_corpus([matrices[i] for i in left], name, what)
+            corpus = _pack_corpus(matrices, name, what)
         except ValueError:
-            _pack_corpus(matrices, name, what)  # the same error, naming the document by its index here
+            if read is None:
+                _pack_corpus(documents, name, what)  # the same error, naming the document by its index here
             raise
         distances[:, left] = _distances(packed_queries, corpus, threads)
     return distances
