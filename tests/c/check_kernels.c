@@ -1,6 +1,6 @@
 /* C-level check: every compiled family that this CPU runs against serial, on adversarial data.
  * Every family follows the canonical dot (maxsim_internal.h), so scores must be the same bits; so
- * must float32 documents scored unpacked (nk_maxsim_unpacked_f32) on the AVX-512 families.
+ * must float32 documents scored unpacked (nk_maxsim_unpacked_f32), by both of its screenings.
  * Build and run with tests/c/run.sh. Exit code 0 when all agree. */
 #include <math.h>
 #include <stdio.h>
@@ -78,9 +78,14 @@ int main(int argc, char **argv) {
     /* 15, 16, 31, 33: around one and two 16-lane steps of the canonical dot. */
     static uint64_t const depths[] = {1, 3, 4, 15, 16, 17, 31, 33, 64, 128, 129, 1000};
     static uint64_t const shapes[][2] = {{1, 1}, {1, 17}, {5, 3}, {32, 180}, {7, 33}, {40, 300}};
-    static uint64_t const families[] = {nk_cap_haswell_k,     nk_cap_skylake_k, nk_cap_icelake_k, nk_cap_genoa_k,
+    /* genoa's packed entry is icelake's kernel; only its unpacked screening is its own. */
+    static uint64_t const families[] = {nk_cap_haswell_k,     nk_cap_skylake_k, nk_cap_icelake_k,
                                         nk_cap_sapphireamx_k, nk_cap_neon_k,    nk_cap_sve_k};
-    static char const *family_names[] = {"haswell", "skylake", "icelake", "genoa", "sapphireamx", "neon", "sve"};
+    static char const *family_names[] = {"haswell", "skylake", "icelake", "sapphireamx", "neon", "sve"};
+    /* The unpacked path's two screenings: float32 (skylake's, also taken by icelake and sapphireamx)
+     * and bfloat16 (genoa's). */
+    static uint64_t const unpacked_families[] = {nk_cap_skylake_k, nk_cap_genoa_k};
+    static char const *unpacked_names[] = {"skylake", "genoa"};
     uint64_t available = nk_capabilities_available();
     /* Every depth x shape, plus cases that cross the kernels' internal blocking: many documents,
      * many query rows, depths that chunk the screening, and one depth beyond int8 screening.
@@ -157,8 +162,11 @@ int main(int argc, char **argv) {
                 }
                 /* Float32 documents scored where they are (nk_maxsim_unpacked_f32): the same bits, or NaN
                  * only beyond the screened depth. */
-                for (size_t f = 0; dtype == nk_dtype_float32_k && f < sizeof(families) / sizeof(families[0]); ++f) {
-                    if (!(available & families[f]) || !nk_maxsim_unpacked_available(families[f]) || nq == 0) continue;
+                for (size_t f = 0; dtype == nk_dtype_float32_k && f < sizeof(unpacked_families) / sizeof(unpacked_families[0]);
+                     ++f) {
+                    if (!(available & unpacked_families[f]) || !nk_maxsim_unpacked_available(unpacked_families[f]) ||
+                        nq == 0)
+                        continue;
                     float *rows = malloc(nd * depth * sizeof(float));
                     for (uint64_t i = 0; i < nd * depth; ++i) rows[i] = (float)xd[i];
                     float const *documents[1] = {rows};
@@ -170,14 +178,14 @@ int main(int argc, char **argv) {
                     nk_maxsim_info(q, &qm.info);
                     double got;
                     scrub_stack();
-                    nk_status_t status = nk_maxsim_unpacked_f32(&qm, documents, counts, strides, 1, families[f], scratch,
-                                                                scratch_bytes, &got);
+                    nk_status_t status = nk_maxsim_unpacked_f32(&qm, documents, counts, strides, 1, unpacked_families[f],
+                                                                scratch, scratch_bytes, &got);
                     int expected_nan = depth > NK_UNPACKED_MAX_DEPTH;
                     ++checks;
                     if (status != nk_ok_k || (expected_nan ? !isnan(got) : memcmp(&got, &reference, sizeof got) != 0)) {
                         ++failures;
                         printf("MISMATCH unpacked %s depth=%llu %llux%llu %s: status %d, %a vs serial %a\n",
-                               family_names[f], (unsigned long long)depth, (unsigned long long)nq,
+                               unpacked_names[f], (unsigned long long)depth, (unsigned long long)nq,
                                (unsigned long long)nd, kind_names[kind], (int)status, got, reference);
                     }
                     free(scratch), free(rows);

@@ -81,6 +81,9 @@ static int nk_unp_row_is_zero(float const *row, uint64_t depth) {
 static int nk_unp_check_rows(float const *first, int64_t stride, unsigned count, uint64_t depth, float *inv_norms,
                              uint16_t *bf16, uint64_t bf16_stride) {
     __m512 squares[16], zero = _mm512_setzero_ps(), top = zero;
+#ifndef NK_UNP_BF16
+    (void)bf16, (void)bf16_stride;
+#endif
     uint64_t full = depth / 16 * 16;
     __mmask16 tail = (__mmask16)((1u << (depth % 16)) - 1u);
     for (unsigned j = count; j < 16; ++j) squares[j] = zero;
