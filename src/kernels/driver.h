@@ -105,7 +105,8 @@ static void nk_driver_group_init(nk_maxsim_view_t const *q, uint64_t first, uint
         double s = scale[r] > 0.0 ? scale[r] : 0x1p-126; /* never for a packed nonzero row; keeps b finite */
         g->inv_scale[r] = 1.0 / s;
         g->offset[r] = error[r] + (double)nk_screen_slack_k;
-        g->growth[r] = (float)((1.0 + error[r]) / s);
+        /* One division per row: the product's rounding (2^-53 relative) is far inside the slack. */
+        g->growth[r] = (float)((1.0 + error[r]) * g->inv_scale[r]);
         g->best[r] = -INFINITY;
     }
 }

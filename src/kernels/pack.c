@@ -7,16 +7,6 @@
 #define NK_PACK_ROWS_NAME nk_pack_rows_serial
 #include "pack_rows.h"
 
-nk_status_t nk_maxsim_row_bytes(int dtype, uint64_t depth, uint64_t *bytes) {
-    if (nk_dtype_is_integer(dtype)) {
-        uint64_t per_word = nk_integer_word_depths(dtype), words = depth / per_word + (depth % per_word != 0);
-        return nk_u64_mul(words, 4, bytes) ? nk_ok_k : nk_error_overflow_k;
-    }
-    size_t itemsize = nk_dtype_itemsize(dtype);
-    if (!itemsize) return nk_error_argument_k;
-    return nk_u64_mul(depth, itemsize, bytes) ? nk_ok_k : nk_error_overflow_k;
-}
-
 size_t nk_dtype_itemsize(int dtype) {
     switch (dtype) {
     case nk_dtype_float64_k: return 8;
@@ -32,6 +22,19 @@ size_t nk_dtype_itemsize(int dtype) {
     }
 }
 
+/* Inlined into nk_maxsim_view_init, which runs per call: only the offsets it reads are computed. */
+NK_INLINE nk_status_t nk_row_bytes(int dtype, uint64_t depth, uint64_t *bytes) {
+    if (nk_dtype_is_integer(dtype)) {
+        uint64_t per_word = nk_integer_word_depths(dtype), words = depth / per_word + (depth % per_word != 0);
+        return nk_u64_mul(words, 4, bytes) ? nk_ok_k : nk_error_overflow_k;
+    }
+    size_t itemsize = nk_dtype_itemsize(dtype);
+    if (!itemsize) return nk_error_argument_k;
+    return nk_u64_mul(depth, itemsize, bytes) ? nk_ok_k : nk_error_overflow_k;
+}
+
+nk_status_t nk_maxsim_row_bytes(int dtype, uint64_t depth, uint64_t *bytes) { return nk_row_bytes(dtype, depth, bytes); }
+
 static int nk_align(uint64_t a, uint64_t *out) {
     if (!nk_u64_add(a, NK_SECTION_ALIGN - 1, out)) return 0;
     *out &= ~(uint64_t)(NK_SECTION_ALIGN - 1);
@@ -46,9 +49,9 @@ static int nk_section(uint64_t *cursor, uint64_t count, uint64_t item, uint64_t 
 }
 
 /* The whole layout as a function of (vectors, depth, dtype): the single source of every offset. */
-nk_status_t nk_maxsim_layout(uint64_t vectors, uint64_t depth, int dtype, nk_maxsim_header_t *h) {
+NK_INLINE nk_status_t nk_layout(uint64_t vectors, uint64_t depth, int dtype, nk_maxsim_header_t *h) {
     uint64_t cursor = NK_HEADER_BYTES, row_bytes;
-    nk_status_t status = nk_maxsim_row_bytes(dtype, depth, &row_bytes);
+    nk_status_t status = nk_row_bytes(dtype, depth, &row_bytes);
     if (status != nk_ok_k) return status;
     memset(h, 0, sizeof(*h));
     memcpy(h->magic, NK_MAXSIM_MAGIC, 8);
@@ -84,6 +87,10 @@ nk_status_t nk_maxsim_layout(uint64_t vectors, uint64_t depth, int dtype, nk_max
     return nk_ok_k;
 }
 
+nk_status_t nk_maxsim_layout(uint64_t vectors, uint64_t depth, int dtype, nk_maxsim_header_t *h) {
+    return nk_layout(vectors, depth, dtype, h);
+}
+
 nk_status_t nk_maxsim_pack_size(uint64_t vectors, uint64_t depth, int dtype, uint64_t *nbytes) {
     nk_maxsim_header_t h;
     nk_status_t status = nk_maxsim_layout(vectors, depth, dtype, &h);
@@ -95,13 +102,13 @@ void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *vie
     /* The info was validated with this same layout, so it cannot fail here; zeroed all the same, for
      * compilers that cannot see that. */
     nk_maxsim_header_t h = {0};
-    nk_maxsim_layout(matrix->info.vectors, matrix->info.depth, (int)matrix->info.dtype, &h);
+    nk_layout(matrix->info.vectors, matrix->info.depth, (int)matrix->info.dtype, &h);
     char const *base = (char const *)matrix->data;
     view->dtype = h.dtype;
     view->vectors = h.vectors;
     view->depth = h.depth;
     view->screen_depth = h.screen_depth;
-    nk_maxsim_row_bytes((int)h.dtype, h.depth, &view->row_bytes);
+    nk_row_bytes((int)h.dtype, h.depth, &view->row_bytes);
     view->values = base + h.values_offset;
     view->norms2 = NULL, view->scales = NULL;
     if (nk_dtype_is_integer((int)h.dtype)) {
