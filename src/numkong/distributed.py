@@ -198,9 +198,12 @@ def search(client, corpus, queries, k, *, threads_per_shard=1, verify=True, quer
         # hash=False: content-derived keys would let a later search reuse the key of an earlier one's
         # scattered query, which the scheduler may be releasing meanwhile ('lost dependencies').
         remote = client.scatter(packed[start:start + query_batch], broadcast=True, hash=False)
+        # Shards spread over the workers the scheduler knows, a hint only; with none known at the moment
+        # (a worker restarting), the scheduler places them.
         futures = [client.submit(_search_shard, corpus.shard_path(i), shard["first_document"], remote, k,
-                                 threads_per_shard, verify, workers=[workers[i % len(workers)]],
-                                 allow_other_workers=True, pure=False)
+                                 threads_per_shard, verify, pure=False,
+                                 **({"workers": [workers[i % len(workers)]], "allow_other_workers": True}
+                                    if workers else {}))
                    for i, shard in enumerate(corpus.shards)]
         batches.append(merge_top_k(client.gather(futures), k))
     indices = np.concatenate([part for part, _ in batches])
