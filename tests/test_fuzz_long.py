@@ -1,5 +1,5 @@
 """Slow tier: libFuzzer + ASan + UBSan over the matrix loader, the corpus verifier and the packer
-(tools/fuzz/run.sh), for NUMKONG_FUZZ_SECONDS (default 60). The quick tier fuzzes the same entry points
+(tools/fuzz/run.sh), for NUMKONG_FUZZ_SECONDS (default 30). The quick tier fuzzes the same entry points
 briefly with hypothesis (test_hardening.py)."""
 import os
 import re
@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_libfuzzer_finds_nothing_in_the_loaders(tmp_path):
     require_tools("clang")
-    seconds = int(os.environ.get("NUMKONG_FUZZ_SECONDS", "60"))
+    seconds = int(os.environ.get("NUMKONG_FUZZ_SECONDS", "30"))
     run = subprocess.run(["bash", os.path.join(ROOT, "tools", "fuzz", "run.sh"), str(seconds), str(tmp_path / "corpus")],
                          capture_output=True, text=True, timeout=seconds + 900)
     output = run.stdout + run.stderr
