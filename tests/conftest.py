@@ -36,6 +36,8 @@ if os.path.abspath(nk.__file__).startswith(os.path.join(_REPO, "src") + os.sep):
 # fuzzing) and those marked extras (torch, pylate), whose tools and packages
 # `bash tools/install_slow_tier.sh` installs. No test installs anything itself.
 
+# tools/sanitize.sh runs the suite against an ASan + UBSan build with this set.
+SANITIZED = os.environ.get("NUMKONG_SANITIZED") == "1"
 SLOW_TIER_HINT = "run 'bash tools/install_slow_tier.sh .venv' (as root: it apt-installs the tools) first"
 
 

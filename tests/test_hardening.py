@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import numkong as nk
+from conftest import SANITIZED
 
 FAMILIES = [c for c in nk.Capability if c & nk.get_capabilities()]
 DTYPES = ["float64", "float32", "float16", "bfloat16", "e4m3", "e5m2", "e2m3", "e3m2"]
@@ -163,8 +164,7 @@ def _rss_bytes():
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc (Linux)")
-@pytest.mark.skipif(os.environ.get("NUMKONG_SANITIZED") == "1",
-                    reason="AddressSanitizer's quarantine holds freed memory on purpose")
+@pytest.mark.skipif(SANITIZED, reason="AddressSanitizer's quarantine holds freed memory on purpose")
 def test_100k_cycles_keep_memory_flat():
     rng = np.random.default_rng(0)
     queries = rng.standard_normal((4, 16)).astype(np.float32)

@@ -10,13 +10,12 @@ zero-row data, through maxsim_packed and through a packed corpus; every score al
 independent float64 reference.
 """
 import functools
-import os
 
 import numpy as np
 import pytest
 
 import numkong as nk
-from conftest import AVAILABLE_FAMILIES, RTOL, assert_score_close, dtype_params, reference_maxsim
+from conftest import AVAILABLE_FAMILIES, RTOL, SANITIZED, assert_score_close, dtype_params, reference_maxsim
 
 DEPTHS = [1, 3, 17, 129, 1000, 4100]
 SHAPES = [(1, 1), (1, 1100), (37, 1), (37, 1100)]  # (query rows, document rows)
@@ -63,8 +62,7 @@ def _split(documents):
 
 # Under the sanitizers (tools/sanitize.sh) one deep case per dtype is enough to walk the deep paths;
 # the bits of the others are checked in the quick tier (the deep cases were 153 of its 381 s there).
-_SANITIZED_SKIP = pytest.mark.skipif(os.environ.get("NUMKONG_SANITIZED") == "1",
-                                     reason="sanitized run: one deep case per dtype")
+_SANITIZED_SKIP = pytest.mark.skipif(SANITIZED, reason="sanitized run: one deep case per dtype")
 
 CASES = [
     pytest.param(depth, shape, kind, id=f"depth{depth}-{shape[0]}x{shape[1]}-{kind}",

@@ -5,13 +5,13 @@ import subprocess
 
 import pytest
 
-from conftest import require_tools
+from conftest import SANITIZED, require_tools
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("NUMKONG_SANITIZED") == "1", reason="already the sanitized run")
+@pytest.mark.skipif(SANITIZED, reason="already the sanitized run")
 def test_suite_passes_under_address_and_undefined_sanitizers(tmp_path):
     require_tools("gcc")
     environment = dict(os.environ, NUMKONG_SANITIZE_VENV=str(tmp_path / "venv"))
