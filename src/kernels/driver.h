@@ -24,6 +24,9 @@
  * The family defines (types and functions may be macros):
  *   NK_DRIVER_ROWS       query rows per group (1..32)
  *   NK_DRIVER_BLOCK      documents per block (a multiple of 64)
+ *   NK_DRIVER_STRIDE     optional: floats from one row of u to the next (a multiple of 16, at least
+ *                        NK_DRIVER_BLOCK; default NK_DRIVER_BLOCK). A family whose screening stores
+ *                        u a column at a time pads it so that the rows do not share cache sets.
  *   nk_family_query_t    the family's prepared form of one group's screening bytes
  *   void nk_family_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first,
  *                          uint64_t rows, nk_family_query_t *query)
@@ -32,7 +35,7 @@
  *                         nk_maxsim_view_t const *d, uint64_t first_doc, uint64_t docs, float *u, int32_t *top,
  *                         nk_prefetch_stream_t *prefetch)
  *       Step 1 for documents [first_doc, first_doc + docs) (first_doc a multiple of NK_DRIVER_BLOCK):
- *       u[r * NK_DRIVER_BLOCK + j] for r < rows, j < docs, with b_r = growth[r], and -inf for
+ *       u[r * NK_DRIVER_STRIDE + j] for r < rows, j < docs, with b_r = growth[r], and -inf for
  *       docs <= j < docs rounded up to 16; top[r] in [0, docs), or -1 when the row has no finite u,
  *       naming a u at most 2^-16 |u| below the row's largest (what tagging a u's low 6 mantissa bits
  *       with its tile loses); the driver bounds the row from it. The family may use u as scratch until
@@ -55,7 +58,7 @@
  *       double nk_family_dot_decoded(dtype, double const *a, void const *b, depth): a query row
  *       decoded once to float64 for many candidates (same bits as the stored dot product).
  *
- * Stack: NK_DRIVER_ROWS x NK_DRIVER_BLOCK floats of u, plus candidate lists and a decoded row.
+ * Stack: NK_DRIVER_ROWS x NK_DRIVER_STRIDE floats of u, plus candidate lists and a decoded row.
  */
 #ifndef NUMKONG_DRIVER_H
 #define NUMKONG_DRIVER_H
@@ -64,6 +67,9 @@
 
 #include "maxsim_internal.h"
 
+#ifndef NK_DRIVER_STRIDE
+#define NK_DRIVER_STRIDE NK_DRIVER_BLOCK
+#endif
 #ifndef NK_FAMILY_F32_CHECKS
 #define NK_FAMILY_F32_CHECKS 0
 #endif
@@ -89,6 +95,7 @@ typedef struct nk_driver_group {
 
 _Static_assert(NK_DRIVER_ROWS >= 1 && NK_DRIVER_ROWS <= 32, "a group is 1..32 query rows");
 _Static_assert(NK_DRIVER_BLOCK % 64 == 0, "blocks are whole 64-document steps");
+_Static_assert(NK_DRIVER_STRIDE % 16 == 0 && NK_DRIVER_STRIDE >= NK_DRIVER_BLOCK, "rows of u are whole tiles apart");
 
 static void nk_driver_group_init(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows, nk_driver_group_t *g) {
     double error[NK_DRIVER_ROWS], scale[NK_DRIVER_ROWS];
@@ -256,9 +263,12 @@ NK_INLINE unsigned nk_driver_scan(float const *row_u, uint64_t *tile, uint64_t t
     nk_family_cut_t limit = nk_family_cut(cut);
     unsigned count = 0;
     uint64_t t = *tile;
-    for (; t + 4 <= tiles; t += 4) {
-        if (!nk_family_any_hit4(row_u + NK_SCREEN_TILE * t, limit)) continue;
-        for (uint64_t v = t; v < t + 4; ++v) {
+    /* The common path walks one pointer: with a tile counter too, GCC kept the counters of this loop
+     * on the stack inside nk_driver_maxsim (sapphireamx 32x2048x128: the scan was 60% of the driver). */
+    float const *at = row_u + NK_SCREEN_TILE * t, *quads_end = at + NK_SCREEN_TILE * ((tiles - t) & ~(uint64_t)3);
+    for (; at < quads_end; at += 4 * NK_SCREEN_TILE) {
+        if (!nk_family_any_hit4(at, limit)) continue;
+        for (uint64_t v = (uint64_t)(at - row_u) / NK_SCREEN_TILE, end = v + 4; v < end; ++v) {
             uint64_t bits = nk_family_hit_bits(row_u + NK_SCREEN_TILE * v, limit);
             if (!bits) continue;
             if (count + NK_SCREEN_TILE > capacity) {
@@ -268,7 +278,7 @@ NK_INLINE unsigned nk_driver_scan(float const *row_u, uint64_t *tile, uint64_t t
             count = nk_family_collect(row_u + NK_SCREEN_TILE * v, bits, NK_SCREEN_TILE * v, list_u, list_doc, count);
         }
     }
-    for (; t < tiles; ++t) {
+    for (t = (uint64_t)(at - row_u) / NK_SCREEN_TILE; t < tiles; ++t) {
         uint64_t bits = nk_family_hit_bits(row_u + NK_SCREEN_TILE * t, limit);
         if (!bits) continue;
         if (count + NK_SCREEN_TILE > capacity) break;
@@ -291,7 +301,7 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
         nk_driver_raise(g, r, g->best[r]);
         lists->count[r] = 0, lists->next_tile[r] = tiles;
         if (!(g->live >> r & 1) || top[r] < 0 || (uint64_t)top[r] >= docs) continue;
-        float *at = u + (uint64_t)r * NK_DRIVER_BLOCK + (uint64_t)top[r];
+        float *at = u + (uint64_t)r * NK_DRIVER_STRIDE + (uint64_t)top[r];
         if (!(*at >= g->cut[r])) continue;
         *at = -INFINITY; /* the scan must not collect it again */
         nk_driver_batch_add(&batch, q, d, g, r, first_doc + (uint64_t)top[r]);
@@ -306,7 +316,7 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
         checked_against[r] = -INFINITY;
         if (!(g->live >> r & 1)) continue;
         lists->next_tile[r] = 0;
-        lists->count[r] = nk_driver_scan(u + (uint64_t)r * NK_DRIVER_BLOCK, &lists->next_tile[r], tiles, g->cut[r],
+        lists->count[r] = nk_driver_scan(u + (uint64_t)r * NK_DRIVER_STRIDE, &lists->next_tile[r], tiles, g->cut[r],
                                          lists->u[r], lists->doc[r], NK_DRIVER_LIST);
         if (!lists->count[r]) continue;
         active[live++] = r;
@@ -359,7 +369,7 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
         }
 #endif
         while (lists->next_tile[r] < tiles) {
-            lists->count[r] = nk_driver_scan(u + (uint64_t)r * NK_DRIVER_BLOCK, &lists->next_tile[r], tiles,
+            lists->count[r] = nk_driver_scan(u + (uint64_t)r * NK_DRIVER_STRIDE, &lists->next_tile[r], tiles,
                                              g->cut[r], lists->u[r], lists->doc[r], NK_DRIVER_LIST);
             nk_driver_drain(q, d, g, lists, r, first_doc, decoded);
         }
@@ -378,7 +388,7 @@ static double nk_driver_screened_bound(nk_driver_group_t const *g, float const *
             continue;
         }
         if (top[r] < 0) continue;
-        double largest = u[(uint64_t)r * NK_DRIVER_BLOCK + (uint64_t)top[r]];
+        double largest = u[(uint64_t)r * NK_DRIVER_STRIDE + (uint64_t)top[r]];
         largest += fabs(largest) * 0x1p-15 + 0x1p-120;
         double distance = 1.0 - (largest / g->inv_scale[r] + g->offset[r]) - 0x1p-40; /* rounding, generously */
         if (distance > 0.0) bound += distance;
@@ -411,7 +421,7 @@ static double nk_driver_bound_pass(nk_maxsim_view_t const *q, nk_maxsim_view_t c
 }
 
 static double nk_driver_maxsim(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    _Alignas(64) float u[NK_DRIVER_ROWS * NK_DRIVER_BLOCK];
+    _Alignas(64) float u[NK_DRIVER_ROWS * NK_DRIVER_STRIDE];
     _Alignas(64) double decoded_row[NK_DRIVER_DECODED_DEPTH];
     _Alignas(64) int32_t top[NK_DRIVER_ROWS];
     _Alignas(64) nk_family_query_t query;
