@@ -112,7 +112,13 @@ def _anchor_cast(nk, matrix, dtype):
 
 def worker():
     """Answer JSON requests, one a line on stdin, with one JSON line each on stdout."""
+    # --cpu-class names families an older build of this package may not have (it refuses to import
+    # then): import with none switched off, then switch off the ones it knows.
+    disabled = os.environ.pop("NUMKONG_DISABLE", "")
     import numkong as nk
+    if disabled and hasattr(nk, "_disable_capabilities"):
+        known = {member.name.lower() for member in nk.Capability}
+        nk._disable_capabilities(",".join(name for name in disabled.split(",") if name in known))
 
     packed = {}  # dtype -> the packed operands
     for line in sys.stdin:
