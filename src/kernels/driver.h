@@ -295,14 +295,27 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
     uint64_t tiles = (docs + NK_SCREEN_TILE - 1) / NK_SCREEN_TILE;
     nk_driver_batch_t batch;
     batch.n = 0;
-    /* Step 2: each row's named top first, from a threshold of its best exact cosine so far. */
+    /* Step 2: each row's named top first, from a threshold of its best exact cosine so far. A row
+     * whose largest u is below its cut (its top's u plus what the tag may hide, as in
+     * nk_driver_screened_bound) has nothing to collect, and step 3 skips it: in a block after the
+     * first, that is most rows. */
+    uint32_t scan = 0; /* bit r: step 3 scans row r */
     for (unsigned r = 0; r < g->rows; ++r) {
         g->threshold[r] = -INFINITY, g->cut[r] = -FLT_MAX;
         nk_driver_raise(g, r, g->best[r]);
         lists->count[r] = 0, lists->next_tile[r] = tiles;
-        if (!(g->live >> r & 1) || top[r] < 0 || (uint64_t)top[r] >= docs) continue;
+        if (!(g->live >> r & 1) || top[r] < 0) continue; /* no row, or no finite u */
+        if ((uint64_t)top[r] >= docs) {
+            scan |= 1u << r;
+            continue;
+        }
         float *at = u + (uint64_t)r * NK_DRIVER_STRIDE + (uint64_t)top[r];
-        if (!(*at >= g->cut[r])) continue;
+        if (!(*at >= g->cut[r])) {
+            double largest = (double)*at + fabs((double)*at) * 0x1p-15 + 0x1p-120;
+            if (!(largest < (double)g->cut[r])) scan |= 1u << r;
+            continue;
+        }
+        scan |= 1u << r;
         *at = -INFINITY; /* the scan must not collect it again */
         nk_driver_batch_add(&batch, q, d, g, r, first_doc + (uint64_t)top[r]);
         if (d->cold) nk_driver_prefetch_row(batch.d_rows[batch.n - 1], d->row_bytes);
@@ -314,7 +327,7 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
     double checked_against[NK_DRIVER_ROWS];
     for (unsigned r = 0; r < g->rows; ++r) {
         checked_against[r] = -INFINITY;
-        if (!(g->live >> r & 1)) continue;
+        if (!(scan >> r & 1)) continue;
         lists->next_tile[r] = 0;
         lists->count[r] = nk_driver_scan(u + (uint64_t)r * NK_DRIVER_STRIDE, &lists->next_tile[r], tiles, g->cut[r],
                                          lists->u[r], lists->doc[r], NK_DRIVER_LIST);
