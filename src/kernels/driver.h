@@ -54,6 +54,9 @@
  *   NK_FAMILY_F32_CHECKS and, if 1, double nk_family_cosine_f32(int dtype, void const *a,
  *       void const *b, uint64_t depth, double inv_q, double inv_d, double *slack)
  *       A float32 cosine and a bound on its distance from the exact one (+inf when none).
+ *   optionally void nk_family_group_constants(q, first, rows, unsigned group_rows, uint32_t *live,
+ *       double *inv_scale, double *offset, float *growth): nk_driver_group_init's per-row constants
+ *       for group_rows (a multiple of 8) rows, with the same bits as its scalar loop.
  *   NK_FAMILY_DECODE and, if 1, nk_family_decode_row(dtype, row, depth, double *out) and
  *       double nk_family_dot_decoded(dtype, double const *a, void const *b, depth): a query row
  *       decoded once to float64 for many candidates (same bits as the stored dot product).
@@ -94,12 +97,20 @@ typedef struct nk_driver_group {
 } nk_driver_group_t;
 
 _Static_assert(NK_DRIVER_ROWS >= 1 && NK_DRIVER_ROWS <= 32, "a group is 1..32 query rows");
+#ifdef nk_family_group_constants
+_Static_assert(NK_DRIVER_ROWS % 8 == 0, "nk_family_group_constants fills whole 8-row steps");
+#endif
 _Static_assert(NK_DRIVER_BLOCK % 64 == 0, "blocks are whole 64-document steps");
 _Static_assert(NK_DRIVER_STRIDE % 16 == 0 && NK_DRIVER_STRIDE >= NK_DRIVER_BLOCK, "rows of u are whole tiles apart");
 
 static void nk_driver_group_init(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows, nk_driver_group_t *g) {
+    g->first = first, g->rows = rows;
+#ifdef nk_family_group_constants
+    nk_family_group_constants(q, first, rows, NK_DRIVER_ROWS, &g->live, g->inv_scale, g->offset, g->growth);
+    for (unsigned r = 0; r < NK_DRIVER_ROWS; ++r) g->best[r] = -INFINITY;
+#else
     double error[NK_DRIVER_ROWS], scale[NK_DRIVER_ROWS];
-    g->first = first, g->rows = rows, g->live = 0;
+    g->live = 0;
     for (unsigned r = 0; r < NK_DRIVER_ROWS; ++r) error[r] = 0.0, scale[r] = 1.0;
     for (unsigned r = 0; r < rows; ++r)
         if (q->inv_norms[first + r] != 0.0) {
@@ -116,6 +127,7 @@ static void nk_driver_group_init(nk_maxsim_view_t const *q, uint64_t first, uint
         g->growth[r] = (float)((1.0 + error[r]) * g->inv_scale[r]);
         g->best[r] = -INFINITY;
     }
+#endif
 }
 
 /* Row r's threshold rises to `lower` (a proven lower bound on its best cosine) if that is higher,
@@ -156,7 +168,7 @@ static inline void nk_driver_batch_add(nk_driver_batch_t *batch, nk_maxsim_view_
 }
 
 /* Exact cosines of the queued pairs (a zero document row has cosine 0), each taken into its row. */
-static void nk_driver_rescore(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, nk_driver_group_t *g,
+NK_INLINE void nk_driver_rescore(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, nk_driver_group_t *g,
                               nk_driver_batch_t const *batch) {
     double dots[NK_DRIVER_ROWS];
     if (!batch->n) return;

@@ -45,6 +45,32 @@ NK_INLINE void nk_x512_read_tops(float const (*tops)[16], uint64_t rows, uint64_
     }
 }
 
+/* ---- A group's constants. ----
+ * driver.h's per-row constants eight rows at a time with masked loads, the same operations as its
+ * scalar loop (so the same bits): that loop, its rows read one by one, took 3% of icelake's
+ * 32x180x128 call (four groups of 8 rows). */
+NK_INLINE void nk_x512_group_constants(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows, unsigned group_rows,
+                                       uint32_t *live, double *inv_scale, double *offset, float *growth) {
+    __m512d one = _mm512_set1_pd(1.0), zero = _mm512_setzero_pd();
+    *live = 0;
+    for (unsigned r0 = 0; r0 < group_rows; r0 += 8) {
+        uint64_t left = rows > r0 ? rows - r0 : 0;
+        __mmask8 present = left >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << left) - 1u);
+        /* != 0.0, as the scalar test: true for NaN too */
+        __mmask8 nonzero = _mm512_mask_cmp_pd_mask(present, _mm512_maskz_loadu_pd(present, q->inv_norms + first + r0),
+                                                   zero, _CMP_NEQ_UQ);
+        __m512d error = _mm512_maskz_cvtps_pd(nonzero, _mm256_maskz_loadu_ps(nonzero, q->screen_errors + first + r0));
+        __m512d scale = _mm512_mask_cvtps_pd(one, nonzero, _mm256_maskz_loadu_ps(nonzero, q->screen_scales + first + r0));
+        scale = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(scale, zero, _CMP_GT_OQ), _mm512_set1_pd(0x1p-126), scale);
+        __m512d inverse = _mm512_div_pd(one, scale);
+        _mm512_storeu_pd(inv_scale + r0, inverse);
+        _mm512_storeu_pd(offset + r0, _mm512_add_pd(error, _mm512_set1_pd((double)nk_screen_slack_k)));
+        _mm256_storeu_ps(growth + r0, _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_add_pd(one, error), inverse)));
+        *live |= (uint32_t)nonzero << r0;
+    }
+}
+#define nk_family_group_constants nk_x512_group_constants
+
 /* ---- Collecting candidates. ---- */
 
 /* driver.h's compares, one mask bit per document. The scan is inlined: it runs once per query row,
