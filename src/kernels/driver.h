@@ -316,8 +316,8 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
         g->threshold[r] = -INFINITY, g->cut[r] = -FLT_MAX;
         nk_driver_raise(g, r, g->best[r]);
         lists->count[r] = 0, lists->next_tile[r] = tiles;
-        if (!(g->live >> r & 1) || top[r] < 0) continue; /* no row, or no finite u */
-        if ((uint64_t)top[r] >= docs) {
+        if (!(g->live >> r & 1)) continue;
+        if (top[r] < 0 || (uint64_t)top[r] >= docs) { /* no finite top named: scan it all */
             scan |= 1u << r;
             continue;
         }
