@@ -145,6 +145,13 @@ static inline void nk_driver_take(nk_driver_group_t *g, unsigned r, double cos) 
     nk_driver_raise(g, r, cos);
 }
 
+/* An upper bound on a row's largest u from the u of the top the family named, which may be up to
+ * 2^-16 |u| below it (nk_family_screen): twice that, and a little more near zero. */
+static inline double nk_driver_largest_u(float named) {
+    double largest = named;
+    return largest + (fabs(largest) * 0x1p-15 + 0x1p-120);
+}
+
 static inline void nk_driver_prefetch_row(void const *row, size_t row_bytes) {
     size_t bytes = row_bytes < NK_DRIVER_PREFETCH_BYTES ? row_bytes : NK_DRIVER_PREFETCH_BYTES;
     for (size_t line = 0; line < bytes; line += 64) nk_prefetch_l1((char const *)row + line);
@@ -308,9 +315,8 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
     nk_driver_batch_t batch;
     batch.n = 0;
     /* Step 2: each row's named top first, from a threshold of its best exact cosine so far. A row
-     * whose largest u is below its cut (its top's u plus what the tag may hide, as in
-     * nk_driver_screened_bound) has nothing to collect, and step 3 skips it: in a block after the
-     * first, that is most rows. */
+     * whose largest u (nk_driver_largest_u) is below its cut has nothing to collect, and step 3
+     * skips it: in a block after the first, that is most rows. */
     uint32_t scan = 0; /* bit r: step 3 scans row r */
     for (unsigned r = 0; r < g->rows; ++r) {
         g->threshold[r] = -INFINITY, g->cut[r] = -FLT_MAX;
@@ -323,8 +329,7 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
         }
         float *at = u + (uint64_t)r * NK_DRIVER_STRIDE + (uint64_t)top[r];
         if (!(*at >= g->cut[r])) {
-            double largest = (double)*at + fabs((double)*at) * 0x1p-15 + 0x1p-120;
-            if (!(largest < (double)g->cut[r])) scan |= 1u << r;
+            if (!(nk_driver_largest_u(*at) < (double)g->cut[r])) scan |= 1u << r;
             continue;
         }
         scan |= 1u << r;
@@ -413,8 +418,7 @@ static double nk_driver_screened_bound(nk_driver_group_t const *g, float const *
             continue;
         }
         if (top[r] < 0) continue;
-        double largest = u[(uint64_t)r * NK_DRIVER_STRIDE + (uint64_t)top[r]];
-        largest += fabs(largest) * 0x1p-15 + 0x1p-120;
+        double largest = nk_driver_largest_u(u[(uint64_t)r * NK_DRIVER_STRIDE + (uint64_t)top[r]]);
         double distance = 1.0 - (largest / g->inv_scale[r] + g->offset[r]) - 0x1p-40; /* rounding, generously */
         if (distance > 0.0) bound += distance;
     }
