@@ -221,9 +221,9 @@ NK_INLINE __m512i nk_x512_fp6_chunk_sums(__m512i table, void const *a, void cons
 /* The same sums for e2m3, whose magnitudes (at most 60 units) fit a byte. VBMI's byte permute turns
  * 64 codes at once into magnitudes (the index is the code's low 6 bits, so the sign bit picks the same
  * entry), the product's sign goes onto one side, and VNNI adds groups of four products (at most
- * 4 * 60^2 per step): 64 elements per multiply-accumulate where the word table takes 32 and twice the
- * work per element. Same integers, so the same bits. icelake 32x180x128 e2m3, perf samples of the
- * rescoring over those of the unchanged screening: 0.188 -> 0.108 (1.7x faster). */
+ * 4 * 60^2 per step): 8 vector operations per 64 elements where the word table takes 24. Same
+ * integers, so the same bits. icelake 32x180x128 e2m3, perf samples of the rescoring over those of
+ * the unchanged screening: 0.188 -> 0.108 (1.7x faster). */
 #define NK_X512_FP6_BYTES 1
 NK_INLINE __m512i nk_x512_e2m3_step(__m512i table, void const *a, void const *b, uint64_t k, __mmask64 lanes,
                                     __m512i sum) {
@@ -257,8 +257,8 @@ NK_INLINE __m512i nk_x512_e2m3_chunk_sums(void const *a, void const *b, uint64_t
  * digits, and VNNI takes the four digit products: high x high (weight 4096), the two cross
  * products (64) and low x low (1). Over a chunk of 4,096 elements a lane holds at most
  * 64 x 4 x 7^2 = 12,544 high products, 64 x 4 x 2 x 7 x 63 = 225,792 cross and 64 x 4 x 63^2 =
- * 1,016,064 low: the folded sum stays below 2^27. 16 operations per 64 elements against the
- * word table's 18 per 32. Same integers, so the same bits. A/B against the word table, e3m2 pairs:
+ * 1,016,064 low: the folded sum stays below 2^27. 14 vector operations per 64 elements against the
+ * word table's 24. Same integers, so the same bits. A/B against the word table, e3m2 pairs:
  * 32x180x128 1.02 / 1.01, 32x512x768 1.06-1.08 / 1.03 (all families / Ice Lake class). */
 static _Alignas(64) uint8_t const nk_x512_e3m2_digits[2][64] = {
     /* low digit of the magnitude of code c & 31 (nk_x512_fp6_table's e3m2 row), twice */
