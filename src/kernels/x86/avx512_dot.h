@@ -218,65 +218,73 @@ NK_INLINE __m512i nk_x512_fp6_chunk_sums(__m512i table, void const *a, void cons
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
-/* The same sums for e2m3, whose magnitudes (at most 60 units) fit a byte. VBMI's byte permute turns
- * 64 codes at once into magnitudes (the index is the code's low 6 bits, so the sign bit picks the same
- * entry), the product's sign goes onto one side, and VNNI adds groups of four products (at most
- * 4 * 60^2 per step): 8 vector operations per 64 elements where the word table takes 24. Same
- * integers, so the same bits. icelake 32x180x128 e2m3, perf samples of the rescoring over those of
- * the unchanged screening: 0.188 -> 0.108 (1.7x faster). */
+/* ---- fp6 dot products in bytes (VBMI + VNNI): the same int32 sums, so the same bits. ----
+ * VBMI's byte permute turns 64 codes at once into byte values (the index is the code's low 6 bits,
+ * so the sign bit picks the same entry), the product's sign goes onto b's side, and VNNI adds
+ * groups of four byte products into int32 lanes.
+ * e2m3: magnitudes of at most 60 units fit a byte: 8 vector operations per 64 elements where the
+ * word table takes 24. icelake 32x180x128 e2m3, perf samples of the rescoring over those of the
+ * unchanged screening: 0.188 -> 0.108 (1.7x faster).
+ * e3m2: magnitudes of at most 448 units are two base-64 digits, and the four digit products are
+ * high x high (weight 4096), the two cross products (64) and low x low (1). Over a chunk of 4,096
+ * elements a lane holds at most 64 x 4 x 7^2 = 12,544 high products, 64 x 4 x 2 x 7 x 63 = 225,792
+ * cross and 64 x 4 x 63^2 = 1,016,064 low: the folded sum stays below 2^27. 14 vector operations
+ * per 64 elements against the word table's 24. A/B against the word table, e3m2 pairs: 32x180x128
+ * 1.02 / 1.01, 32x512x768 1.06-1.08 / 1.03 (all families / Ice Lake class). */
 #define NK_X512_FP6_BYTES 1
+/* Entry c: of the magnitude of code c & 31 (nk_x512_fp6_table's rows), twice over. */
+static _Alignas(64) uint8_t const nk_x512_fp6_bytes[3][64] = {
+    /* e2m3 magnitude */
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60,
+     0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60},
+    /* e3m2 low digit */
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 0, 16, 32, 48, 0, 32, 0, 32, 0, 0, 0, 0,
+     0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 0, 16, 32, 48, 0, 32, 0, 32, 0, 0, 0, 0},
+    /* e3m2 high digit */
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 4, 5, 6, 7,
+     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 4, 5, 6, 7}};
+
+/* The first `left` of 64 byte lanes. */
+NK_INLINE __mmask64 nk_x512_tail_mask64(uint64_t left) {
+    return left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
+}
+
+/* Codes k .. k+63 (`lanes` of them) of two fp6 rows, and which of their products are negative. */
+NK_INLINE __mmask64 nk_x512_fp6_codes(void const *a, void const *b, uint64_t k, __mmask64 lanes, __m512i *codes_a,
+                                      __m512i *codes_b) {
+    *codes_a = _mm512_maskz_loadu_epi8(lanes, (uint8_t const *)a + k);
+    *codes_b = _mm512_maskz_loadu_epi8(lanes, (uint8_t const *)b + k);
+    return _mm512_test_epi8_mask(_mm512_xor_si512(*codes_a, *codes_b), _mm512_set1_epi8(0x20));
+}
+
 NK_INLINE __m512i nk_x512_e2m3_step(__m512i table, void const *a, void const *b, uint64_t k, __mmask64 lanes,
                                     __m512i sum) {
-    __m512i codes_a = _mm512_maskz_loadu_epi8(lanes, (uint8_t const *)a + k);
-    __m512i codes_b = _mm512_maskz_loadu_epi8(lanes, (uint8_t const *)b + k);
-    __mmask64 negative = _mm512_test_epi8_mask(_mm512_xor_si512(codes_a, codes_b), _mm512_set1_epi8(0x20));
+    __m512i codes_a, codes_b;
+    __mmask64 negative = nk_x512_fp6_codes(a, b, k, lanes, &codes_a, &codes_b);
     __m512i magnitude_b = _mm512_permutexvar_epi8(codes_b, table);
     __m512i signed_b = _mm512_mask_sub_epi8(magnitude_b, negative, _mm512_setzero_si512(), magnitude_b);
     return _mm512_dpbusd_epi32(sum, _mm512_permutexvar_epi8(codes_a, table), signed_b);
 }
 
+/* nk_x512_fp6_chunk_sums for e2m3. */
 NK_INLINE __m512i nk_x512_e2m3_chunk_sums(void const *a, void const *b, uint64_t k, uint64_t end) {
-    /* entry c: the magnitude of code c & 31 (nk_x512_fp6_table's e2m3 row, twice) */
-    __m512i table = _mm512_set_epi8(60, 56, 52, 48, 44, 40, 36, 32, 30, 28, 26, 24, 22, 20, 18, 16, 15, 14, 13, 12, 11,
-                                    10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 60, 56, 52, 48, 44, 40, 36, 32, 30, 28, 26, 24, 22,
-                                    20, 18, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    __m512i table = _mm512_load_si512(nk_x512_fp6_bytes[0]);
     __m512i sum0 = _mm512_setzero_si512(), sum1 = _mm512_setzero_si512();
     for (; k + 128 <= end; k += 128) {
         sum0 = nk_x512_e2m3_step(table, a, b, k, ~(__mmask64)0, sum0);
         sum1 = nk_x512_e2m3_step(table, a, b, k + 64, ~(__mmask64)0, sum1);
     }
-    for (; k < end; k += 64) {
-        uint64_t left = end - k;
-        sum0 = nk_x512_e2m3_step(table, a, b, k, left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1, sum0);
-    }
+    for (; k < end; k += 64) sum0 = nk_x512_e2m3_step(table, a, b, k, nk_x512_tail_mask64(end - k), sum0);
     return _mm512_add_epi32(sum0, sum1);
 }
 
-/* The same sums for e3m2, whose magnitudes (at most 448 units) are two base-64 digits: VBMI turns
- * 64 codes into each digit (the index is the code's low 6 bits), the product's sign goes onto b's
- * digits, and VNNI takes the four digit products: high x high (weight 4096), the two cross
- * products (64) and low x low (1). Over a chunk of 4,096 elements a lane holds at most
- * 64 x 4 x 7^2 = 12,544 high products, 64 x 4 x 2 x 7 x 63 = 225,792 cross and 64 x 4 x 63^2 =
- * 1,016,064 low: the folded sum stays below 2^27. 14 vector operations per 64 elements against the
- * word table's 24. Same integers, so the same bits. A/B against the word table, e3m2 pairs:
- * 32x180x128 1.02 / 1.01, 32x512x768 1.06-1.08 / 1.03 (all families / Ice Lake class). */
-static _Alignas(64) uint8_t const nk_x512_e3m2_digits[2][64] = {
-    /* low digit of the magnitude of code c & 31 (nk_x512_fp6_table's e3m2 row), twice */
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 0, 16, 32, 48, 0, 32, 0, 32, 0, 0, 0, 0,
-     0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 0, 16, 32, 48, 0, 32, 0, 32, 0, 0, 0, 0},
-    /* high digit */
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 4, 5, 6, 7,
-     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 4, 5, 6, 7}};
-
+/* nk_x512_fp6_chunk_sums for e3m2. */
 NK_INLINE __m512i nk_x512_e3m2_chunk_sums(void const *a, void const *b, uint64_t k, uint64_t end) {
-    __m512i low = _mm512_load_si512(nk_x512_e3m2_digits[0]), high = _mm512_load_si512(nk_x512_e3m2_digits[1]);
+    __m512i low = _mm512_load_si512(nk_x512_fp6_bytes[1]), high = _mm512_load_si512(nk_x512_fp6_bytes[2]);
     __m512i high_high = _mm512_setzero_si512(), cross = _mm512_setzero_si512(), low_low = _mm512_setzero_si512();
     for (; k < end; k += 64) {
-        uint64_t left = end - k;
-        __mmask64 lanes = left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
-        __m512i codes_a = _mm512_maskz_loadu_epi8(lanes, (uint8_t const *)a + k);
-        __m512i codes_b = _mm512_maskz_loadu_epi8(lanes, (uint8_t const *)b + k);
-        __mmask64 negative = _mm512_test_epi8_mask(_mm512_xor_si512(codes_a, codes_b), _mm512_set1_epi8(0x20));
+        __m512i codes_a, codes_b;
+        __mmask64 negative = nk_x512_fp6_codes(a, b, k, nk_x512_tail_mask64(end - k), &codes_a, &codes_b);
         __m512i low_a = _mm512_permutexvar_epi8(codes_a, low), high_a = _mm512_permutexvar_epi8(codes_a, high);
         __m512i low_b = _mm512_permutexvar_epi8(codes_b, low), high_b = _mm512_permutexvar_epi8(codes_b, high);
         low_b = _mm512_mask_sub_epi8(low_b, negative, _mm512_setzero_si512(), low_b);
