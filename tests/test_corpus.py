@@ -154,6 +154,11 @@ def _damaged(corpus, damage):
     elif damage == "screen":
         errors_offset = _u64(data, first_document + 80)
         data[first_document + errors_offset + 2] ^= 0x40  # document 0's first screening error bound
+    elif damage in ("prescreen_code", "prescreen_error"):  # after document 0's matrix (maxsim_internal.h)
+        matrix_bytes, vectors, screen_depth = (_u64(data, first_document + at) for at in (40, 16, 96))
+        tiles, pairs = (vectors + 15) // 16, ((screen_depth // 4 + 15) // 16 + 1) // 2
+        at = first_document + matrix_bytes + (5 if damage == "prescreen_code" else tiles * (1024 * pairs + 64) + 2)
+        data[at] ^= 0x01 if damage == "prescreen_code" else 0x40
     elif damage == "checksum":
         data[OFFSET_CHECKSUM] ^= 0x01
     elif damage == "truncate":
@@ -166,7 +171,7 @@ def _damaged(corpus, damage):
 
 
 @pytest.mark.parametrize("damage", ["magic", "documents", "table_offset", "length", "value_nan", "screen",
-                                    "checksum", "truncate", "extend", "empty"])
+                                    "prescreen_code", "prescreen_error", "checksum", "truncate", "extend", "empty"])
 def test_corrupt_files_are_clear_errors(tmp_path, corpus_case, damage):
     _, _, corpus = corpus_case
     data = _damaged(corpus, damage)
@@ -180,7 +185,7 @@ def test_corrupt_files_are_clear_errors(tmp_path, corpus_case, damage):
         pickle.loads(stream, buffers=[bytes(data)])
 
 
-@pytest.mark.parametrize("damage", ["value_nan", "screen"])
+@pytest.mark.parametrize("damage", ["value_nan", "screen", "prescreen_code", "prescreen_error"])
 def test_full_verification_refuses_damage_behind_a_valid_checksum(tmp_path, corpus_case, damage):
     """A checksum recomputed over damaged bytes (not corruption: forgery) passes verify=True, but
     verify="all" re-derives every section from the stored values and refuses it."""

@@ -249,12 +249,51 @@ def test_scoring_a_mapped_corpus_while_another_process_saves_over_it_20_times(tm
 
 # ---- hand-built corpora with no documents or an empty document ----
 
-def _corpus_bytes(matrices, depth, version=3):
+def _f32_at_least(x):
+    f = np.float32(x)
+    return np.nextafter(f, np.float32(np.inf)) if float(f) < x else f
+
+
+def _prescreen_bytes(matrix):
+    """A packed float-format matrix's prescreen as maxsim_internal.h documents it, derived here from its
+    screen section on its own: 4-bit codes in 16-row tiles of 128-deep pairs, then scales and errors."""
+    raw = bytes(memoryview(matrix))
+    vectors, depth = struct.unpack_from("<QQ", raw, 16)
+    screen, scales_at, errors_at, _, screen_depth = struct.unpack_from("<5Q", raw, 64)
+    steps = (screen_depth // 4 + 15) // 16
+    pairs, tiles = (steps + 1) // 2, (vectors + 15) // 16
+    codes = np.full((tiles, pairs, 16, 16, 4), 0x88, np.uint8)  # tile, pair, line, lane, byte
+    scales = np.zeros(tiles * 16, np.float32)
+    errors = np.full(tiles * 16, -np.inf, np.float32)
+    for j in range(vectors):
+        tile, lane = divmod(j, 16)
+        rows = min(16, vectors - 16 * tile)
+        at = [tile * 16 * screen_depth + (k // 4) * 4 * rows + 4 * lane + k % 4 for k in range(screen_depth)]
+        v = np.frombuffer(raw, np.uint8)[screen + np.array(at)].astype(np.int64) - 128
+        largest = int(np.abs(v).max())
+        divisor = (largest + 6) // 7 if largest > 7 else 1
+        c = np.sign(v) * ((np.abs(v) + divisor // 2) // divisor)
+        step = float(np.frombuffer(raw, np.float32, 1, scales_at + 4 * j)[0])
+        scales[j] = np.float32(step * divisor)
+        residual = np.cumsum((step * v - float(scales[j]) * c) ** 2.0)[-1]  # in order, as the C loop adds
+        error = float(np.frombuffer(raw, np.float32, 1, errors_at + 4 * j)[0])
+        errors[j] = _f32_at_least((error + np.sqrt(residual)) * (1.0 + 2.0 ** -40))
+        nibbles = np.full(128 * pairs, 8, np.int64)
+        nibbles[:screen_depth] = c + 8
+        for p in range(pairs):
+            low, high = nibbles[128 * p:128 * p + 64], nibbles[128 * p + 64:128 * p + 128]
+            codes[tile, p, :, lane, :] = (low | high << 4).reshape(16, 4)
+    return codes.tobytes() + scales.tobytes() + errors.tobytes()
+
+
+def _corpus_bytes(matrices, depth, version=4):
     """Corpus bytes assembled by hand from packed matrices: nk_corpus_header_t, the documents from byte
-    128 on (64-byte aligned), the table after them, the checksum of everything after the header."""
+    128 on (64-byte aligned, each a float-format matrix followed by its prescreen), the table after
+    them, the checksum of everything after the header."""
     table, body, cursor = [], b"", CORPUS_HEADER
     for matrix in matrices:
         raw = bytes(memoryview(matrix))
+        raw += _prescreen_bytes(matrix) if matrix.vectors else b""
         offset = (cursor + 63) // 64 * 64
         body += bytes(offset - cursor) + raw
         table.append((offset, matrix.vectors))
@@ -299,8 +338,8 @@ def test_empty_queries_score_zero(case):
 def test_previous_corpus_version_asks_to_pack_again(tmp_path, case):
     documents, _, corpus, _ = case
     data = bytearray(memoryview(corpus))
-    data[OFFSET_VERSION:OFFSET_VERSION + 4] = (2).to_bytes(4, "little")
-    with pytest.raises(ValueError, match="format version 2, this numkong reads version 3; pack the source arrays"):
+    data[OFFSET_VERSION:OFFSET_VERSION + 4] = (3).to_bytes(4, "little")
+    with pytest.raises(ValueError, match="format version 3, this numkong reads version 4; pack the source arrays"):
         nk._maxsim._load_corpus(bytes(data))
 
 

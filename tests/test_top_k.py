@@ -58,7 +58,7 @@ def test_top_k_equals_full_scores_and_a_stable_sort(clustered_case, family, k):
         assert np.array_equal(one_indices, expected_indices[2]) and np.array_equal(one_scores, expected_scores[2])
 
 
-@pytest.mark.parametrize("dtype", ["float64", "bfloat16", "e4m3", "e2m3"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16", "e4m3", "e5m2", "e2m3", "e3m2"])
 def test_top_k_in_every_format(clustered_case, dtype):
     documents, _, queries = clustered_case
     corpus = nk.maxsim_pack_corpus(documents, dtype=dtype)
@@ -66,6 +66,23 @@ def test_top_k_in_every_format(clustered_case, dtype):
     expected = _expected(nk.maxsim_packed_corpus(packed, corpus), 7)
     indices, scores = nk.maxsim_packed_corpus(packed, corpus, top_k=7, threads=2)
     assert np.array_equal(indices, expected[0]) and np.array_equal(scores, expected[1])
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda c: c.name.lower())
+def test_queries_of_any_row_count_with_zero_rows(clustered_case, family):
+    """The prescreen pass (sapphireamx) bounds a query's first 32 rows; longer queries, zero rows (distance
+    1) and one-row queries must still rank exactly."""
+    documents, corpus, _ = clustered_case
+    queries = []
+    for rows, seed in ((1, 2), (31, 3), (33, 4), (40, 5), (64, 6)):
+        query = _queries(documents, 1, rows=rows, seed=seed)[0]
+        query[rows // 2] = 0.0
+        queries.append(nk.maxsim_pack(query, dtype="float32"))
+    full = nk.maxsim_packed_corpus(queries, corpus, capabilities=family)
+    for k in (1, 10, 40):
+        indices, scores = nk.maxsim_packed_corpus(queries, corpus, top_k=k, threads=2, capabilities=family)
+        expected = _expected(full, k)
+        assert np.array_equal(indices, expected[0]) and np.array_equal(scores, expected[1])
 
 
 def test_ties_go_to_the_lower_index():

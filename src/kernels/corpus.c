@@ -74,6 +74,77 @@ static uint64_t nk_checksum_of(void const *data, uint64_t nbytes) {
     return nk_checksum_final(&state);
 }
 
+/* ---- The prescreen (maxsim_internal.h), from the screen alone. ---- */
+
+/* The smallest float32 at or above x (x >= 0, finite). */
+static float nk_f32_at_least(double x) {
+    float f = (float)x;
+    return (double)f < x ? nextafterf(f, INFINITY) : f;
+}
+
+/* Row j's 4-bit codes (c + 8, one per screen depth), scale and error. */
+static void nk_prescreen_row(nk_maxsim_view_t const *d, uint64_t j, uint8_t *codes, float *scale, float *error) {
+    uint64_t depth = d->screen_depth;
+    int largest = 0;
+    for (uint64_t k = 0; k < depth; ++k) {
+        int v = (int)d->screen[nk_screen_offset(d->vectors, depth, j, k)] - 128;
+        largest = v > largest ? v : -v > largest ? -v : largest;
+    }
+    int divisor = largest > 7 ? (largest + 6) / 7 : 1;
+    float step = d->screen_scales[j];
+    *scale = (float)((double)step * divisor);
+    double residual = 0.0; /* ||step v - scale c||^2: each product exact in float64 */
+    for (uint64_t k = 0; k < depth; ++k) {
+        int v = (int)d->screen[nk_screen_offset(d->vectors, depth, j, k)] - 128;
+        int c = (v >= 0 ? v + divisor / 2 : v - divisor / 2) / divisor; /* half away from zero, |c| <= 7 */
+        double gap = (double)step * v - (double)*scale * c;
+        residual += gap * gap;
+        codes[k] = (uint8_t)(c + 8);
+    }
+    /* The sum and the square root round by far less than 2^-40 relative. */
+    *error = nk_f32_at_least(((double)d->screen_errors[j] + sqrt(residual)) * (1.0 + 0x1p-40));
+}
+
+int nk_prescreen_build(nk_maxsim_view_t const *d, uint8_t *document, nk_prescreen_layout_t const *layout, int check) {
+    uint8_t row_codes[NK_PRESCREEN_MAX_PAIRS * 128];
+    int equal = 1;
+    for (uint64_t t = 0; t < layout->tiles; ++t) {
+        uint8_t *tile = document + layout->codes_offset + t * 1024 * layout->pairs;
+        float *scales = (float *)(void *)(document + layout->scales_offset) + 16 * t;
+        float *errors = (float *)(void *)(document + layout->errors_offset) + 16 * t;
+        for (uint64_t r = 0; r < 16; ++r) {
+            uint64_t j = 16 * t + r;
+            float scale = 0.0f, error = -INFINITY;
+            memset(row_codes, 8, sizeof(row_codes));
+            if (j < d->vectors) nk_prescreen_row(d, j, row_codes, &scale, &error);
+            for (uint64_t p = 0; p < layout->pairs; ++p)
+                for (uint64_t g = 0; g < 16; ++g)
+                    for (uint64_t b = 0; b < 4; ++b) {
+                        uint64_t low = 128 * p + 4 * g + b, high = low + 64;
+                        uint8_t byte = (uint8_t)((low < d->screen_depth ? row_codes[low] : 8) |
+                                                 (high < d->screen_depth ? row_codes[high] : 8) << 4);
+                        uint8_t *at = tile + 1024 * p + 64 * g + 4 * r + b;
+                        if (check) equal &= *at == byte;
+                        else *at = byte;
+                    }
+            if (check) equal &= memcmp(&scales[r], &scale, 4) == 0 && memcmp(&errors[r], &error, 4) == 0;
+            else scales[r] = scale, errors[r] = error;
+        }
+    }
+    return equal;
+}
+
+/* A document's bytes: its packed matrix, then its prescreen. */
+static nk_status_t nk_corpus_document_bytes(uint64_t vectors, uint64_t depth, int dtype, uint64_t *nbytes,
+                                            nk_prescreen_layout_t *layout) {
+    uint64_t matrix_bytes;
+    nk_status_t status = nk_maxsim_pack_size(vectors, depth, dtype, &matrix_bytes);
+    if (status != nk_ok_k) return status;
+    if (!nk_prescreen_layout(vectors, depth, dtype, matrix_bytes, layout)) return nk_error_overflow_k;
+    *nbytes = layout->end;
+    return nk_ok_k;
+}
+
 /* ---- Layout: documents from byte 128 on, the table after them. ---- */
 
 static int nk_align_u64(uint64_t a, uint64_t *out) {
@@ -90,7 +161,8 @@ static nk_status_t nk_corpus_plan_strided(uint64_t const *lengths, size_t stride
     for (uint64_t i = 0; i < count; ++i) {
         uint64_t offset, bytes, vectors = lengths[i * stride];
         if (vectors == 0) return nk_error_empty_k;
-        nk_status_t status = nk_maxsim_pack_size(vectors, depth, dtype, &bytes);
+        nk_prescreen_layout_t layout;
+        nk_status_t status = nk_corpus_document_bytes(vectors, depth, dtype, &bytes, &layout);
         if (status != nk_ok_k) return status;
         if (!nk_align_u64(cursor, &offset) || !nk_u64_add(offset, bytes, &cursor)) return nk_error_overflow_k;
         if (entries) entries[i] = (nk_corpus_entry_t){offset, vectors};
@@ -219,14 +291,23 @@ static void *nk_pack_worker(void *argument) {
         if (i >= job->count) return NULL;
         nk_corpus_entry_t entry = job->entries[i];
         uint64_t nbytes, bad_row = 0;
-        nk_status_t status = nk_maxsim_pack_size(entry.vectors, job->depth, job->dtype, &nbytes);
+        nk_prescreen_layout_t layout;
+        nk_status_t status = nk_corpus_document_bytes(entry.vectors, job->depth, job->dtype, &nbytes, &layout);
         if (status == nk_ok_k && (entry.offset < job->out_offset || entry.offset - job->out_offset > job->out_nbytes ||
                                   nbytes > job->out_nbytes - (entry.offset - job->out_offset)))
             status = nk_error_buffer_small_k;
+        char *document = job->out + (entry.offset - job->out_offset);
         if (status == nk_ok_k)
             status = nk_maxsim_pack(job->sources[i].rows, job->sources[i].dtype, job->sources[i].row_stride,
-                                    entry.vectors, job->depth, job->dtype, job->capabilities,
-                                    job->out + (entry.offset - job->out_offset), nbytes, &bad_row);
+                                    entry.vectors, job->depth, job->dtype, job->capabilities, document,
+                                    layout.codes_offset ? layout.codes_offset : nbytes, &bad_row);
+        if (status == nk_ok_k && layout.pairs) {
+            nk_maxsim_matrix_t matrix = {document, {entry.vectors, job->depth, layout.codes_offset,
+                                                    job->capabilities, (uint32_t)job->dtype}};
+            nk_maxsim_view_t view;
+            nk_maxsim_view_init(&matrix, &view);
+            nk_prescreen_build(&view, (uint8_t *)document, &layout, 0);
+        }
         if (status != nk_ok_k && nk_atomic_set_if_zero_i32(&job->status, (int)status)) {
             job->bad_document = i, job->bad_row = bad_row;
             nk_atomic_store_u64(&job->next, job->count); /* stop the others early */
@@ -358,6 +439,12 @@ nk_status_t nk_corpus_verify(void const *buf, nk_corpus_info_t const *info, nk_c
         if (status != nk_ok_k || found.dtype != info->dtype || found.depth != info->depth ||
             found.vectors != table[i].vectors || found.capabilities != info->capabilities)
             return nk_error_corrupt_k;
+        nk_prescreen_layout_t layout;
+        nk_prescreen_layout(found.vectors, found.depth, (int)found.dtype, document_bytes, &layout);
+        nk_maxsim_view_t view;
+        nk_maxsim_view_init(&document, &view);
+        if (layout.pairs && !nk_prescreen_build(&view, (uint8_t *)(uintptr_t)document.data, &layout, 1))
+            return nk_error_corrupt_k;
     }
     return nk_ok_k;
 }
@@ -386,12 +473,33 @@ static void nk_corpus_prefetch_range(void const *first, void const *end) {
     for (char const *at = (char const *)first; at < (char const *)end; at += 64) nk_prefetch_l2(at);
 }
 
-/* Prefetch the small per-row sections of `document`, the successor of `previous` in a walk, and name
- * its bulk (what its kernel reads first), then with `values_too` its values (what full scoring's
- * rescoring reads), in previous->next: the kernel scoring `previous` prefetches those a line at a
- * time. */
-static void nk_corpus_prefetch(nk_maxsim_view_t const *document, nk_maxsim_view_t *previous, int values_too) {
+/* What a walk prefetches of the next document while it scores one. */
+typedef enum nk_walk_reads {
+    nk_walk_screen_k,    /* its screen: most documents of a top-k search stop there */
+    nk_walk_values_k,    /* its screen and values: every document is scored in full */
+    nk_walk_prescreen_k, /* its prescreen: a top-k search with a prescreen pass */
+} nk_walk_reads_t;
+
+/* A document of a walk: its view, its first byte and where its prescreen is. */
+typedef struct nk_corpus_doc {
+    nk_maxsim_view_t view;
+    uint8_t const *bytes;
+    nk_prescreen_layout_t prescreen;
+} nk_corpus_doc_t;
+
+/* Prefetch the small per-row sections of `next`, the successor of `previous` in a walk, and name its
+ * bulk (what its kernel reads first; with nk_walk_values_k its values after it, what full scoring's
+ * rescoring reads; with nk_walk_prescreen_k its prescreen alone) in previous->next: the pass scoring
+ * `previous` prefetches those a line at a time. */
+static void nk_corpus_prefetch(nk_corpus_doc_t const *next, nk_maxsim_view_t *previous, nk_walk_reads_t reads) {
+    nk_maxsim_view_t const *document = &next->view;
     uint64_t n = document->vectors;
+    if (reads == nk_walk_prescreen_k && next->prescreen.pairs) {
+        uint64_t start = next->prescreen.codes_offset;
+        previous->next = nk_prefetch_stream(next->bytes + start, next->prescreen.end - start, NULL, 0);
+        return;
+    }
+    int values_too = reads == nk_walk_values_k;
     if (document->inv_norms) { /* float formats: inv_norms, then (after the screen) scales, errors, sums */
         nk_corpus_prefetch_range(document->inv_norms, document->inv_norms + n);
         nk_corpus_prefetch_range(document->screen_scales, document->screen_sums + n);
@@ -404,10 +512,13 @@ static void nk_corpus_prefetch(nk_maxsim_view_t const *document, nk_maxsim_view_
     previous->next = nk_prefetch_stream(document->values, n * document->row_bytes, NULL, 0);
 }
 
-static void nk_corpus_view(nk_corpus_t const *corpus, uint64_t index, nk_maxsim_view_t *view) {
-    nk_maxsim_matrix_t document = nk_corpus_document(corpus, index, NULL);
-    nk_maxsim_view_init(&document, view);
-    view->cold = 1;
+static void nk_corpus_view(nk_corpus_t const *corpus, uint64_t index, nk_corpus_doc_t *doc) {
+    uint64_t nbytes;
+    nk_maxsim_matrix_t document = nk_corpus_document(corpus, index, &nbytes);
+    nk_maxsim_view_init(&document, &doc->view);
+    doc->view.cold = 1;
+    doc->bytes = (uint8_t const *)document.data;
+    nk_prescreen_layout(document.info.vectors, document.info.depth, (int)document.info.dtype, nbytes, &doc->prescreen);
 }
 
 /* A worker's walk over the documents it claims, a few at a time from a shared counter (the next
@@ -418,12 +529,13 @@ typedef struct nk_corpus_walk {
     uint64_t *next;             /* the shared counter */
     uint64_t document, end;     /* the current document and the end of its claim */
     uint64_t claimed;           /* the first document of the next claim (>= documents: none) */
-    nk_maxsim_view_t current, upcoming;
-    int values_too;             /* every document is scored in full (nk_corpus_prefetch) */
+    nk_corpus_doc_t current, upcoming;
+    nk_walk_reads_t reads;
 } nk_corpus_walk_t;
 
-static void nk_corpus_walk_start(nk_corpus_walk_t *walk, nk_corpus_t const *corpus, uint64_t *next, int values_too) {
-    walk->corpus = corpus, walk->next = next, walk->values_too = values_too;
+static void nk_corpus_walk_start(nk_corpus_walk_t *walk, nk_corpus_t const *corpus, uint64_t *next,
+                                 nk_walk_reads_t reads) {
+    walk->corpus = corpus, walk->next = next, walk->reads = reads;
     walk->claimed = nk_atomic_fetch_add_u64(next, NK_CORPUS_CLAIM);
     walk->document = walk->end = 0;
     if (walk->claimed < corpus->info.documents) nk_corpus_view(corpus, walk->claimed, &walk->upcoming);
@@ -448,7 +560,7 @@ static int nk_corpus_walk_next(nk_corpus_walk_t *walk) {
     }
     if (successor < documents) {
         nk_corpus_view(walk->corpus, successor, &walk->upcoming);
-        nk_corpus_prefetch(&walk->upcoming, &walk->current, walk->values_too);
+        nk_corpus_prefetch(&walk->upcoming, &walk->current.view, walk->reads);
     }
     return 1;
 }
@@ -457,10 +569,10 @@ static void *nk_corpus_worker(void *argument) {
     nk_corpus_job_t *job = (nk_corpus_job_t *)argument;
     uint64_t documents = job->corpus->info.documents;
     nk_corpus_walk_t walk;
-    nk_corpus_walk_start(&walk, job->corpus, &job->next, 1);
+    nk_corpus_walk_start(&walk, job->corpus, &job->next, nk_walk_values_k);
     while (nk_corpus_walk_next(&walk))
         for (uint64_t i = 0; i < job->query_count; ++i) { /* every query while the document is in cache */
-            nk_status_t status = nk_maxsim_score_views(job->kernel, &job->queries[i], &walk.current,
+            nk_status_t status = nk_maxsim_score_views(job->kernel, &job->queries[i], &walk.current.view,
                                                        &job->scores[i * documents + walk.document]);
             if (status != nk_ok_k) nk_atomic_set_if_zero_i32(&job->status, (int)status);
         }
@@ -542,6 +654,10 @@ typedef struct nk_top_k_job {
     uint64_t query_count, k;
     nk_corpus_t const *corpus;
     nk_maxsim_kernel_t kernel;
+    nk_prescreen_ops_t const *prescreen; /* NULL: one pass (nk_top_k_worker) */
+    uint8_t const *states;               /* [query]: NK_PRESCREEN_STATE_BYTES each */
+    uint8_t const *ready;                /* [query]: its state was prepared */
+    double *bounds;                      /* [query][document]: prescreen bounds (NaN: scored already) */
     nk_ranked_t *heaps;   /* [thread][query][k] */
     uint64_t *counts;     /* [thread][query] */
     uint64_t *caps;       /* [query]: the bits of a double, atomic */
@@ -569,38 +685,122 @@ static void nk_cap_lower(uint64_t *cap, double value) {
     }
 }
 
+/* Score `document` (index `index`) for query i below its current cap, and keep it among the k best
+ * of this thread's heap (heaps, counts: the thread's rows) if it gets there. */
+static void nk_top_k_score(nk_top_k_job_t *job, nk_ranked_t *heaps, uint64_t *counts, uint64_t i,
+                           nk_maxsim_view_t const *document, uint64_t index) {
+    nk_maxsim_view_t query = job->queries[i];
+    query.stop_above = nk_bits_to_double(nk_atomic_load_u64(&job->caps[i]));
+    double score;
+    nk_status_t status = nk_maxsim_score_views(job->kernel, &query, document, &score);
+    if (status != nk_ok_k) {
+        nk_atomic_set_if_zero_i32(&job->status, (int)status);
+        return;
+    }
+    if (score > query.stop_above) return; /* proven out of the k best */
+    nk_heap_t heap = {heaps + i * job->k, counts[i], job->k};
+    nk_heap_offer(&heap, (nk_ranked_t){score, (int64_t)index});
+    counts[i] = heap.count;
+    if (heap.count == job->k) nk_cap_lower(&job->caps[i], heap.entries[0].score);
+}
+
+/* Without a prescreen: one walk; most documents stop at their screening. */
 static void *nk_top_k_worker(void *argument) {
     nk_top_k_job_t *job = (nk_top_k_job_t *)argument;
     uint64_t thread = nk_atomic_fetch_add_u64(&job->next_thread, 1);
     nk_ranked_t *heaps = job->heaps + thread * job->query_count * job->k;
     uint64_t *counts = job->counts + thread * job->query_count;
     nk_corpus_walk_t walk;
-    nk_corpus_walk_start(&walk, job->corpus, &job->next, 0); /* most documents stop at their screening */
+    nk_corpus_walk_start(&walk, job->corpus, &job->next, nk_walk_screen_k);
     while (nk_corpus_walk_next(&walk))
-        for (uint64_t i = 0; i < job->query_count; ++i) { /* every query while the document is in cache */
-            nk_maxsim_view_t query = job->queries[i];
-            query.stop_above = nk_bits_to_double(nk_atomic_load_u64(&job->caps[i]));
-            double score;
-            nk_status_t status = nk_maxsim_score_views(job->kernel, &query, &walk.current, &score);
-            if (status != nk_ok_k) {
-                nk_atomic_set_if_zero_i32(&job->status, (int)status);
-                continue;
-            }
-            if (score > query.stop_above) continue; /* proven out of the k best */
-            nk_heap_t heap = {heaps + i * job->k, counts[i], job->k};
-            nk_heap_offer(&heap, (nk_ranked_t){score, (int64_t)walk.document});
-            counts[i] = heap.count;
-            if (heap.count == job->k) nk_cap_lower(&job->caps[i], heap.entries[0].score);
-        }
+        for (uint64_t i = 0; i < job->query_count; ++i) /* every query while the document is in cache */
+            nk_top_k_score(job, heaps, counts, i, &walk.current.view, walk.document);
     return NULL;
 }
 
-uint64_t nk_corpus_top_k_scratch_bytes(uint64_t query_count, uint64_t threads, uint64_t k) {
+/* With a prescreen, pass 1: every document's prescreen bound for every query (0 for a query without
+ * a prepared state: it proves nothing). */
+static void *nk_top_k_bound_worker(void *argument) {
+    nk_top_k_job_t *job = (nk_top_k_job_t *)argument;
+    uint64_t documents = job->corpus->info.documents;
+    nk_corpus_walk_t walk;
+    nk_corpus_walk_start(&walk, job->corpus, &job->next, nk_walk_prescreen_k);
+    while (nk_corpus_walk_next(&walk)) {
+        nk_corpus_doc_t const *document = &walk.current;
+        for (uint64_t i = 0; i < job->query_count; ++i)
+            job->bounds[i * documents + walk.document] =
+                job->ready[i] && document->prescreen.pairs
+                    ? job->prescreen->bound(job->states + i * NK_PRESCREEN_STATE_BYTES, &document->view,
+                                            document->bytes, &document->prescreen, document->view.next)
+                    : 0.0;
+    }
+    return NULL;
+}
+
+/* Pass 2 (after the seeds): a document is read only for the queries whose bound does not exceed their
+ * cap (a NaN bound: a seed, scored already); usually none. */
+static void *nk_top_k_rescore_worker(void *argument) {
+    nk_top_k_job_t *job = (nk_top_k_job_t *)argument;
+    uint64_t thread = nk_atomic_fetch_add_u64(&job->next_thread, 1), documents = job->corpus->info.documents;
+    nk_ranked_t *heaps = job->heaps + thread * job->query_count * job->k;
+    uint64_t *counts = job->counts + thread * job->query_count;
+    for (;;) {
+        uint64_t first = nk_atomic_fetch_add_u64(&job->next, NK_CORPUS_CLAIM * 16);
+        if (first >= documents) return NULL;
+        uint64_t end = documents - first < NK_CORPUS_CLAIM * 16 ? documents : first + NK_CORPUS_CLAIM * 16;
+        for (uint64_t index = first; index < end; ++index) {
+            nk_corpus_doc_t document;
+            int viewed = 0;
+            for (uint64_t i = 0; i < job->query_count; ++i) {
+                double cap = nk_bits_to_double(nk_atomic_load_u64(&job->caps[i]));
+                if (!(job->bounds[i * documents + index] <= cap)) continue;
+                if (!viewed) nk_corpus_view(job->corpus, index, &document), viewed = 1;
+                nk_top_k_score(job, heaps, counts, i, &document.view, index);
+            }
+        }
+    }
+}
+
+/* Documents with the lowest prescreen bounds, scored first so that the caps start low. */
+#define NK_TOP_K_EXTRA_SEEDS 32u
+
+static uint64_t nk_top_k_seeds(uint64_t documents, uint64_t k) {
+    return documents - k < NK_TOP_K_EXTRA_SEEDS ? documents : k + NK_TOP_K_EXTRA_SEEDS;
+}
+
+/* Between the passes, on the calling thread: each query's seeds into thread 0's heaps (bounds set to
+ * NaN). `pool` holds nk_top_k_seeds entries. */
+static void nk_top_k_score_seeds(nk_top_k_job_t *job, nk_ranked_t *pool) {
+    uint64_t documents = job->corpus->info.documents, seeds = nk_top_k_seeds(documents, job->k);
+    for (uint64_t i = 0; i < job->query_count; ++i) {
+        double *bounds = job->bounds + i * documents;
+        nk_heap_t lowest = {pool, 0, seeds};
+        for (uint64_t index = 0; index < documents; ++index) nk_heap_offer(&lowest, (nk_ranked_t){bounds[index], (int64_t)index});
+        for (uint64_t c = 0; c < lowest.count; ++c) {
+            nk_corpus_doc_t document;
+            uint64_t index = (uint64_t)pool[c].index;
+            nk_corpus_view(job->corpus, index, &document);
+            nk_top_k_score(job, job->heaps, job->counts, i, &document.view, index);
+            bounds[index] = NAN;
+        }
+    }
+}
+
+uint64_t nk_corpus_top_k_scratch_bytes(uint64_t query_count, uint64_t documents, uint64_t threads, uint64_t k) {
     if (threads < 1) threads = 1;
     if (threads > NK_CORPUS_MAX_THREADS) threads = NK_CORPUS_MAX_THREADS;
-    uint64_t batch = query_count < NK_CORPUS_QUERY_BATCH ? query_count : NK_CORPUS_QUERY_BATCH, heaps, bytes;
-    if (!nk_u64_mul(threads * batch, k, &heaps) || !nk_u64_mul(heaps, sizeof(nk_ranked_t), &bytes)) return UINT64_MAX;
-    return bytes + threads * batch * sizeof(uint64_t) + batch * sizeof(uint64_t);
+    uint64_t batch = query_count < NK_CORPUS_QUERY_BATCH ? query_count : NK_CORPUS_QUERY_BATCH, heaps, bytes, bounds,
+             seeds, total;
+    if (!nk_u64_mul(threads * batch, k, &heaps) || !nk_u64_mul(heaps, sizeof(nk_ranked_t), &bytes) ||
+        !nk_u64_mul(batch * sizeof(double), documents, &bounds) ||
+        !nk_u64_mul(k + NK_TOP_K_EXTRA_SEEDS, sizeof(nk_ranked_t), &seeds))
+        return UINT64_MAX;
+    /* The prescreen states (64-byte aligned), bounds, seeds, heaps, counts, caps and ready flags. */
+    if (!nk_u64_add(batch * NK_PRESCREEN_STATE_BYTES, bounds, &total) || !nk_u64_add(total, seeds, &total) ||
+        !nk_u64_add(total, bytes, &total) ||
+        !nk_u64_add(total, threads * batch * sizeof(uint64_t) + batch * sizeof(uint64_t) + batch, &total))
+        return UINT64_MAX;
+    return total;
 }
 
 nk_status_t nk_maxsim_top_k_corpus(nk_maxsim_matrix_t const *queries, uint64_t query_count, nk_corpus_t const *corpus,
@@ -614,24 +814,44 @@ nk_status_t nk_maxsim_top_k_corpus(nk_maxsim_matrix_t const *queries, uint64_t q
     if (k < 1 || k > documents) return nk_error_argument_k;
     if (threads < 1) threads = 1;
     if (threads > NK_CORPUS_MAX_THREADS) threads = NK_CORPUS_MAX_THREADS;
-    if (scratch_bytes < nk_corpus_top_k_scratch_bytes(query_count, threads, k)) return nk_error_buffer_small_k;
+    if (scratch_bytes < nk_corpus_top_k_scratch_bytes(query_count, documents, threads, k))
+        return nk_error_buffer_small_k;
     for (uint64_t i = 0; i < query_count; ++i) {
         if (!queries[i].data) return nk_error_argument_k;
         if (queries[i].info.dtype != corpus->info.dtype) return nk_error_dtype_mismatch_k;
         if (queries[i].info.depth != corpus->info.depth) return nk_error_depth_mismatch_k;
     }
     nk_maxsim_kernel_t kernel = nk_maxsim_kernel_for(capabilities, corpus->info.depth);
+    nk_prescreen_ops_t const *prescreen = nk_prescreen_for(capabilities, corpus->info.depth);
     uint64_t helpers = threads > documents ? documents : threads; /* the threads nk_run_threads starts */
+    uint64_t batch_max = query_count < NK_CORPUS_QUERY_BATCH ? query_count : NK_CORPUS_QUERY_BATCH;
+    uint8_t *states = (uint8_t *)scratch;
+    double *bounds = (double *)(void *)(states + batch_max * NK_PRESCREEN_STATE_BYTES);
+    nk_ranked_t *pool = (nk_ranked_t *)(void *)(bounds + batch_max * documents);
+    nk_ranked_t *heaps = pool + k + NK_TOP_K_EXTRA_SEEDS;
     nk_maxsim_view_t views[NK_CORPUS_QUERY_BATCH];
     for (uint64_t batch = 0; batch < query_count; batch += NK_CORPUS_QUERY_BATCH) {
         uint64_t count = query_count - batch < NK_CORPUS_QUERY_BATCH ? query_count - batch : NK_CORPUS_QUERY_BATCH;
         for (uint64_t i = 0; i < count; ++i) nk_maxsim_view_init(&queries[batch + i], &views[i]);
-        nk_ranked_t *heaps = (nk_ranked_t *)scratch;
         uint64_t *counts = (uint64_t *)(void *)(heaps + helpers * count * k), *caps = counts + helpers * count;
+        uint8_t *ready = (uint8_t *)(caps + count);
         memset(counts, 0, (size_t)(helpers * count * sizeof(uint64_t)));
-        for (uint64_t i = 0; i < count; ++i) caps[i] = nk_double_to_bits(INFINITY);
-        nk_top_k_job_t job = {views, count, k, corpus, kernel, heaps, counts, caps, 0, 0, nk_ok_k};
-        nk_run_threads(nk_top_k_worker, &job, helpers, documents);
+        int any_ready = 0;
+        for (uint64_t i = 0; i < count; ++i) {
+            caps[i] = nk_double_to_bits(INFINITY);
+            ready[i] = prescreen && prescreen->prepare(&views[i], states + i * NK_PRESCREEN_STATE_BYTES);
+            any_ready |= ready[i];
+        }
+        nk_top_k_job_t job = {views, count, k, corpus, kernel, any_ready ? prescreen : NULL, states, ready, bounds,
+                              heaps, counts, caps, 0, 0, nk_ok_k};
+        if (job.prescreen) { /* bounds, seeds, then the documents whose bound does not prove them out */
+            nk_run_threads(nk_top_k_bound_worker, &job, helpers, documents);
+            nk_top_k_score_seeds(&job, pool);
+            job.next = 0;
+            nk_run_threads(nk_top_k_rescore_worker, &job, helpers, (documents + 63) / 64);
+        }
+        else
+            nk_run_threads(nk_top_k_worker, &job, helpers, documents);
         if (job.status != nk_ok_k) return (nk_status_t)job.status;
         /* Every thread's k best of each query together hold the query's k best: sort them in place
          * (the heaps of one query are not adjacent, so gather them first into the first heap's row). */

@@ -49,6 +49,15 @@ nk_maxsim_kernel_t nk_maxsim_kernel_for(uint64_t capabilities, uint64_t depth) {
     return nk_pick(capabilities)->kernel;
 }
 
+nk_prescreen_ops_t const *nk_prescreen_for(uint64_t capabilities, uint64_t depth) {
+#ifdef NK_HAVE_SAPPHIREAMX
+    static nk_prescreen_ops_t const sapphireamx = {nk_prescreen_prepare_sapphireamx, nk_prescreen_bound_sapphireamx};
+    if (nk_maxsim_kernel_for(capabilities, depth) == nk_maxsim_sapphireamx) return &sapphireamx;
+#endif
+    (void)capabilities, (void)depth;
+    return NULL;
+}
+
 nk_status_t nk_maxsim_score_views(nk_maxsim_kernel_t kernel, nk_maxsim_view_t const *q, nk_maxsim_view_t const *d,
                                   double *result) {
     if (q->dtype != d->dtype) return nk_error_dtype_mismatch_k;

@@ -93,6 +93,51 @@ typedef struct nk_corpus_header {
     uint8_t reserved[NK_HEADER_BYTES - 8 - 4 - 4 - 7 * 8];
 } nk_corpus_header_t;
 
+/* The prescreen (corpus format 4): after each float-format document's packed matrix, at the next
+ * 64-byte boundary, a 4-bit copy of its screen that a top-k search reads first. Most documents are
+ * proven out of the k best from it alone, at half the bytes of the screen (tools/bench.py --corpus).
+ * Rows go in tiles of 16 (the last padded to 16 lanes); depth in pairs of 64-deep steps:
+ *   codes    tiles x pairs x 1024 bytes. In tile t, pair p, line g (0..15), lane r, byte b: at
+ *            t (1024 pairs) + 1024 p + 64 g + 4 r + b, low nibble c + 8 for depth 128 p + 4 g + b,
+ *            high nibble c' + 8 for depth 128 p + 64 + 4 g + b (c = 0 past the screen depth and in
+ *            padding lanes). Unpacked, the nibbles of a pair are two AMX B tiles of the screen's layout.
+ *   scales   float32[tiles x 16]: u''[k] = c[k] * scale (0 in padding lanes)
+ *   errors   float32[tiles x 16]: upper bound on ||u - u''||_2 (-inf in padding lanes, so that no
+ *            bound comes from them)
+ * Derived from the screen alone: with the screen's codes v (|v| <= 127) and step s, a row's divisor
+ * m = max(1, ceil(max |v| / 7)), c = v / m rounded half away from zero (|c| <= 7), scale = s m, and
+ * error = (screen error + ||s v - scale c||_2) rounded up: the screening bound of this header holds
+ * with u'' in place of u'. Integer formats have none. */
+#define NK_PRESCREEN_MAX_PAIRS 6u /* depth <= 768; deeper documents store none */
+
+typedef struct nk_prescreen_layout {
+    uint64_t tiles, pairs;       /* pairs == 0: none */
+    uint64_t codes_offset;       /* from the document's first byte */
+    uint64_t scales_offset, errors_offset;
+    uint64_t end;                /* the document's bytes, prescreen included (a multiple of 64) */
+} nk_prescreen_layout_t;
+
+/* The prescreen of a document of `vectors` rows of `depth` whose packed matrix takes matrix_bytes
+ * (a multiple of 64). 0 when a size overflows. */
+static inline int nk_prescreen_layout(uint64_t vectors, uint64_t depth, int dtype, uint64_t matrix_bytes,
+                                      nk_prescreen_layout_t *p) {
+    memset(p, 0, sizeof(*p));
+    p->end = matrix_bytes;
+    uint64_t steps = (depth / 4 + (depth % 4 != 0) + 15) / 16;
+    if (dtype < nk_dtype_float64_k || dtype > nk_dtype_e3m2_k || (steps + 1) / 2 > NK_PRESCREEN_MAX_PAIRS) return 1;
+    uint64_t codes, per_row;
+    p->pairs = (steps + 1) / 2;
+    p->tiles = vectors / 16 + (vectors % 16 != 0);
+    p->codes_offset = matrix_bytes;
+    return nk_u64_mul(p->tiles, 1024 * p->pairs, &codes) && nk_u64_mul(p->tiles, 64, &per_row) &&
+           nk_u64_add(p->codes_offset, codes, &p->scales_offset) &&
+           nk_u64_add(p->scales_offset, per_row, &p->errors_offset) && nk_u64_add(p->errors_offset, per_row, &p->end);
+}
+
+/* A query prepared once for a family's prescreen pass (nk_prescreen_for): at most this many bytes,
+ * 64-byte aligned. */
+#define NK_PRESCREEN_STATE_BYTES 25600u
+
 /* The next document's bytes, prefetched into L2 a few cache lines at a time from inside the work on
  * the current document: a family's screening loop takes a line or two per step, so the lines arrive
  * spread over the screening. One burst per query group (a quarter of the screen at a time) had the
@@ -169,6 +214,28 @@ double nk_maxsim_icelake(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 double nk_maxsim_neon(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
+
+/* A family's prescreen pass for top-k (the layout above): `prepare` turns the first group of up to 32
+ * rows of a query into `state` (NK_PRESCREEN_STATE_BYTES, 64-byte aligned) and says whether it can
+ * (0: no prescreen for this query); `bound` returns a lower bound on maxsim(q, d) from the prescreen
+ * of the document whose bytes start at `document` (the sum over the prepared rows of their screening
+ * bounds; the other rows add at least 0), taking lines of `prefetch` as it goes. */
+typedef struct nk_prescreen_ops {
+    int (*prepare)(nk_maxsim_view_t const *q, void *state);
+    double (*bound)(void const *state, nk_maxsim_view_t const *d, uint8_t const *document,
+                    nk_prescreen_layout_t const *layout, nk_prefetch_stream_t prefetch);
+} nk_prescreen_ops_t;
+
+int nk_prescreen_prepare_sapphireamx(nk_maxsim_view_t const *q, void *state);
+double nk_prescreen_bound_sapphireamx(void const *state, nk_maxsim_view_t const *d, uint8_t const *document,
+                                      nk_prescreen_layout_t const *layout, nk_prefetch_stream_t prefetch);
+
+/* The prescreen pass of the family nk_maxsim_kernel_for picks, or NULL when it has none. */
+nk_prescreen_ops_t const *nk_prescreen_for(uint64_t capabilities, uint64_t depth);
+
+/* Write the prescreen of the packed float-format document `d` (its bytes at `document`) where
+ * `layout` puts it, or with `check` compare it with what is there: 1 when equal (or written). */
+int nk_prescreen_build(nk_maxsim_view_t const *d, uint8_t *document, nk_prescreen_layout_t const *layout, int check);
 
 /* A SIMD family's kernel, defined after its driver.h and integer_maxsim.h: the integer formats go to
  * nk_integer_maxsim, the float formats to nk_driver_maxsim. */

@@ -926,7 +926,7 @@ def maxsim_packed_corpus(queries, corpus, /, *, top_k=None, threads=None, capabi
     cdef double[:, ::1] out = scores
     cdef int64_t[:, ::1] ranks = indices
     if top_k is not None:
-        scratch_bytes = nk_corpus_top_k_scratch_bytes(n_queries, n_threads, k)
+        scratch_bytes = nk_corpus_top_k_scratch_bytes(n_queries, documents, n_threads, k)
         scratch = _aligned_bytes(scratch_bytes)
     cdef void *scratch_at = NULL if top_k is None else <void *>_data_address(scratch)
     cdef nk_maxsim_matrix_t *matrices = <nk_maxsim_matrix_t *>malloc(max(n_queries, 1) * sizeof(nk_maxsim_matrix_t))

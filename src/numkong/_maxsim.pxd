@@ -139,7 +139,7 @@ cdef extern from "numkong/maxsim.h" nogil:
     nk_status_t nk_maxsim_score_corpus(const nk_maxsim_matrix_t *queries, uint64_t query_count,
                                        const nk_corpus_t *corpus, uint64_t capabilities, uint64_t threads,
                                        double *scores)
-    uint64_t nk_corpus_top_k_scratch_bytes(uint64_t query_count, uint64_t threads, uint64_t k)
+    uint64_t nk_corpus_top_k_scratch_bytes(uint64_t query_count, uint64_t documents, uint64_t threads, uint64_t k)
     nk_status_t nk_maxsim_top_k_corpus(const nk_maxsim_matrix_t *queries, uint64_t query_count,
                                        const nk_corpus_t *corpus, uint64_t capabilities, uint64_t threads, uint64_t k,
                                        void *scratch, uint64_t scratch_bytes, int64_t *indices, double *scores)

@@ -11,7 +11,11 @@
 
 #ifdef NK_AMX_EMULATE /* the AMX family with its tile instructions in C (tests/c/run.sh) */
 double nk_maxsim_sapphireamx_emulated(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
+int nk_prescreen_prepare_sapphireamx_emulated(nk_maxsim_view_t const *q, void *state);
+double nk_prescreen_bound_sapphireamx_emulated(void const *state, nk_maxsim_view_t const *d, uint8_t const *document,
+                                               nk_prescreen_layout_t const *layout, nk_prefetch_stream_t prefetch);
 #endif
+
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static double uniform(void) {
@@ -71,6 +75,69 @@ static NK_NOINLINE void scrub_stack(void) {
 
 /* `check_kernels quick`: fewer, smaller cases that still cross every tail and blocking boundary
  * (for slow emulated runs: tests/c/run_arm.sh at SVE vector lengths above 128 bits). */
+/* The prescreen passes this build can run here: each bound must be at most the exact score (and, on
+ * random rows, more than half of it: a bound of 0 would pass the first test). */
+static nk_prescreen_ops_t prescreens[2];
+static char const *prescreen_names[2];
+static size_t prescreen_count;
+
+static void find_prescreens(uint64_t available) {
+#ifdef NK_HAVE_SAPPHIREAMX
+    if (available & nk_cap_sapphireamx_k)
+        prescreens[prescreen_count] = (nk_prescreen_ops_t){nk_prescreen_prepare_sapphireamx, nk_prescreen_bound_sapphireamx},
+        prescreen_names[prescreen_count++] = "sapphireamx";
+#endif
+#ifdef NK_AMX_EMULATE
+    prescreens[prescreen_count] =
+        (nk_prescreen_ops_t){nk_prescreen_prepare_sapphireamx_emulated, nk_prescreen_bound_sapphireamx_emulated};
+    prescreen_names[prescreen_count++] = "sapphireamx (emulated)";
+#endif
+    (void)available;
+}
+
+/* Checks of the prescreen of packed document d against the exact score `reference`; failures returned. */
+static int check_prescreens(void const *q, void const *d, uint64_t nq, uint64_t nd, uint64_t depth, int dtype,
+                            char const *dtype_name, int kind, double reference, int *checks) {
+    uint64_t matrix_bytes;
+    nk_prescreen_layout_t layout;
+    if (nq == 0 || nk_maxsim_pack_size(nd, depth, dtype, &matrix_bytes) != nk_ok_k ||
+        !nk_prescreen_layout(nd, depth, dtype, matrix_bytes, &layout) || !layout.pairs)
+        return 0;
+    uint8_t *document = aligned_alloc(64, layout.end);
+    void *state = aligned_alloc(64, NK_PRESCREEN_STATE_BYTES);
+    memcpy(document, d, matrix_bytes);
+    nk_maxsim_matrix_t qm = {q, {0}}, dm = {document, {0}};
+    nk_maxsim_view_t qv, dv;
+    nk_maxsim_info(q, &qm.info), nk_maxsim_info(d, &dm.info);
+    nk_maxsim_view_init(&qm, &qv), nk_maxsim_view_init(&dm, &dv);
+    nk_prescreen_build(&dv, document, &layout, 0);
+    int failures = 0;
+    ++*checks;
+    if (!nk_prescreen_build(&dv, document, &layout, 1)) {
+        ++failures;
+        printf("MISMATCH prescreen of %s depth=%llu x%llu: rebuilt bytes differ\n", dtype_name,
+               (unsigned long long)depth, (unsigned long long)nd);
+    }
+    for (size_t p = 0; p < prescreen_count; ++p) {
+        ++*checks;
+        scrub_stack();
+        double bound = prescreens[p].prepare(&qv, state)
+                           ? prescreens[p].bound(state, &dv, document, &layout, nk_prefetch_stream(NULL, 0, NULL, 0))
+                           : NAN;
+        /* the prescreen bounds the first 32 query rows */
+        int tight_enough = kind != kind_random || depth < 16 || nq < 5 ||
+                           bound > 0.5 * reference * (double)(nq < 32 ? nq : 32) / (double)nq;
+        if (!(bound <= reference) || !tight_enough) {
+            ++failures;
+            printf("MISMATCH prescreen %s %s depth=%llu %llux%llu %s: bound %a above %a or loose\n", prescreen_names[p],
+                   dtype_name, (unsigned long long)depth, (unsigned long long)nq, (unsigned long long)nd,
+                   kind_names[kind], bound, reference);
+        }
+    }
+    free(state), free(document);
+    return failures;
+}
+
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     static char const *dtype_names[] = {"",     "float64", "float32", "float16", "bfloat16", "e4m3",
@@ -111,6 +178,8 @@ int main(int argc, char **argv) {
     uint64_t digest = 0xCBF29CE484222325ull; /* FNV-1a of serial's score bits: equal across machines */
     for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); ++f)
         printf("%s: %s\n", family_names[f], (available & families[f]) ? "checked" : "not available");
+    find_prescreens(available);
+    for (size_t p = 0; p < prescreen_count; ++p) printf("prescreen %s: checked\n", prescreen_names[p]);
 #ifdef NK_AMX_EMULATE
     printf("sapphireamx (emulated tile instructions): checked\n");
 #endif
@@ -160,6 +229,7 @@ int main(int argc, char **argv) {
                                (unsigned long long)nd, kind_names[kind], got, reference, got - reference);
                     }
                 }
+                failures += check_prescreens(q, d, nq, nd, depth, dtype, dtype_names[dtype], kind, reference, &checks);
                 /* Float32 documents scored where they are (nk_maxsim_unpacked_f32): the same bits, or NaN
                  * only beyond the screened depth. */
                 for (size_t f = 0; dtype == nk_dtype_float32_k && f < sizeof(unpacked_families) / sizeof(unpacked_families[0]);

@@ -39,6 +39,8 @@ case "$("$cc" -dumpmachine)" in
 x86_64*)
     mapfile -t flags < <(family_flags icelake)
     "$cc" "${common[@]}" "${flags[@]}" -DNK_AMX_EMULATE -Dnk_maxsim_sapphireamx=nk_maxsim_sapphireamx_emulated \
+        -Dnk_prescreen_prepare_sapphireamx=nk_prescreen_prepare_sapphireamx_emulated \
+        -Dnk_prescreen_bound_sapphireamx=nk_prescreen_bound_sapphireamx_emulated \
         -c "$root/src/kernels/x86/sapphireamx.c" -o "$out/sapphireamx_emulated.o" &
     pids+=($!)
     objects+=("$out/sapphireamx_emulated.o")

@@ -506,14 +506,123 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
     return total;
 }
 
-double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    int integer = nk_dtype_is_integer((int)q->dtype);
-    if (integer && q->dtype != nk_dtype_int8_k) return nk_integer_maxsim(q, d);
+/* Every tile 16 rows of 64 bytes. */
+static void nk_samx_configure(void) {
     nk_samx_tile_config_t config;
     memset(&config, 0, sizeof(config));
     config.palette = 1;
     for (int t = 0; t < 8; ++t) config.bytes_per_row[t] = 64, config.rows[t] = 16;
     _tile_loadconfig(&config);
+}
+
+/* ---- The prescreen pass of a top-k search (maxsim_internal.h): the query's first 32 rows against a
+ * document's 4-bit copy, each 16-row tile's pair of 64-deep steps unpacked into two B tiles in L1;
+ * the epilogue keeps only each row's largest u (no u stored, nothing tagged). ---- */
+
+typedef struct nk_samx_prescreen {
+    _Alignas(64) int8_t query_tiles[2][2 * NK_PRESCREEN_MAX_PAIRS * NK_SAMX_STEP_BYTES];
+    float growth[NK_SAMX_ROWS];
+    double inv_scale[NK_SAMX_ROWS], offset[NK_SAMX_ROWS];
+    int32_t bias[NK_SAMX_ROWS]; /* -8 x the row's sum of screen values: cancels the codes' +8 */
+    uint32_t live;
+    uint64_t rows, pairs;
+} nk_samx_prescreen_t;
+_Static_assert(sizeof(nk_samx_prescreen_t) <= NK_PRESCREEN_STATE_BYTES, "the prescreen state fits its scratch");
+
+int nk_prescreen_prepare_sapphireamx(nk_maxsim_view_t const *q, void *state) {
+    nk_samx_prescreen_t *p = (nk_samx_prescreen_t *)state;
+    uint64_t steps = (q->screen_depth / 4 + 15) / 16;
+    if (nk_dtype_is_integer((int)q->dtype) || q->vectors == 0 || (steps + 1) / 2 > NK_PRESCREEN_MAX_PAIRS) return 0;
+    p->rows = q->vectors < NK_SAMX_ROWS ? q->vectors : NK_SAMX_ROWS;
+    p->pairs = (steps + 1) / 2;
+    nk_driver_group_t group;
+    nk_driver_group_init(q, 0, p->rows, &group);
+    p->live = group.live;
+    for (unsigned r = 0; r < NK_SAMX_ROWS; ++r) {
+        p->growth[r] = group.growth[r], p->inv_scale[r] = group.inv_scale[r], p->offset[r] = group.offset[r];
+        p->bias[r] = r < p->rows && (group.live >> r & 1) ? (int32_t)(0u - (uint32_t)q->screen_sums[r] * 8u) : 0;
+    }
+    /* Steps of 16 groups from group 0 (none end-aligned): groups past the depth are zero. */
+    nk_samx_depth_t depth = {q->screen_depth / 4, 2 * p->pairs, 0, 0};
+    for (unsigned half = 0; 16 * half < p->rows; ++half)
+        nk_samx_build_query_tiles(q, &depth, 16 * half, 0, depth.steps, p->query_tiles[half]);
+    return 1;
+}
+
+double nk_prescreen_bound_sapphireamx(void const *state, nk_maxsim_view_t const *d, uint8_t const *document,
+                                      nk_prescreen_layout_t const *layout, nk_prefetch_stream_t prefetch) {
+    nk_samx_prescreen_t const *p = (nk_samx_prescreen_t const *)state;
+    _Alignas(64) uint8_t unpacked[2 * NK_SAMX_STEP_BYTES];
+    _Alignas(64) int32_t sums[2][16][16];
+    _Alignas(64) float top[NK_SAMX_ROWS][16];
+    uint64_t rows = p->rows, pairs = p->pairs;
+    int both = rows > 16;
+    uint8_t const *codes = document + layout->codes_offset;
+    float const *scales = (float const *)(void const *)(document + layout->scales_offset);
+    float const *errors = (float const *)(void const *)(document + layout->errors_offset);
+    __m512i nibble = _mm512_set1_epi8(0x0F);
+    (void)d;
+    for (uint64_t r = 0; r < rows; ++r) _mm512_store_ps(top[r], _mm512_set1_ps(-INFINITY));
+    nk_samx_configure();
+    for (uint64_t t = 0; t < layout->tiles; ++t) {
+        _tile_zero(0);
+        if (both) _tile_zero(1);
+        for (uint64_t pair = 0; pair < pairs; ++pair) {
+            uint8_t const *lines = codes + (t * pairs + pair) * NK_SAMX_STEP_BYTES;
+            for (unsigned l = 0; l < 16; ++l) {
+                __m512i x = _mm512_load_si512((void const *)(lines + 64 * l));
+                _mm512_store_si512((void *)(unpacked + 64 * l), _mm512_and_si512(x, nibble));
+                _mm512_store_si512((void *)(unpacked + NK_SAMX_STEP_BYTES + 64 * l),
+                                   _mm512_and_si512(_mm512_srli_epi16(x, 4), nibble));
+            }
+            if (t == 0 || pairs > 1) { /* one pair: the query tiles stay for the whole document */
+                _tile_loadd(2, p->query_tiles[0] + 2 * pair * NK_SAMX_STEP_BYTES, 64);
+                _tile_loadd(3, p->query_tiles[0] + (2 * pair + 1) * NK_SAMX_STEP_BYTES, 64);
+                if (both) {
+                    _tile_loadd(4, p->query_tiles[1] + 2 * pair * NK_SAMX_STEP_BYTES, 64);
+                    _tile_loadd(5, p->query_tiles[1] + (2 * pair + 1) * NK_SAMX_STEP_BYTES, 64);
+                }
+            }
+            _tile_loadd(6, unpacked, 64);
+            _tile_loadd(7, unpacked + NK_SAMX_STEP_BYTES, 64);
+            _tile_dpbsud(0, 2, 6);
+            _tile_dpbsud(0, 3, 7);
+            if (both) {
+                _tile_dpbsud(1, 4, 6);
+                _tile_dpbsud(1, 5, 7);
+            }
+        }
+        nk_prefetch_lines(&prefetch, 16 * pairs + 2); /* the next document's prescreen */
+        _tile_stored(0, sums[0], 64);
+        if (both) _tile_stored(1, sums[1], 64);
+        __m512 scale = _mm512_load_ps(scales + 16 * t), error = _mm512_load_ps(errors + 16 * t);
+        for (uint64_t r = 0; r < rows; ++r) {
+            __m512i sum = _mm512_add_epi32(_mm512_load_si512((void const *)sums[r >> 4][r & 15]),
+                                           _mm512_set1_epi32(p->bias[r]));
+            __m512 u = _mm512_fmadd_ps(_mm512_set1_ps(p->growth[r]), error,
+                                       _mm512_mul_ps(_mm512_cvtepi32_ps(sum), scale));
+            _mm512_store_ps(top[r], _mm512_max_ps(_mm512_load_ps(top[r]), u));
+        }
+    }
+    _tile_release();
+    /* As nk_driver_screened_bound, from each row's exact largest u. */
+    double bound = 0.0;
+    for (uint64_t r = 0; r < rows; ++r) {
+        if (!(p->live >> r & 1)) {
+            bound += 1.0;
+            continue;
+        }
+        double largest = _mm512_reduce_max_ps(_mm512_load_ps(top[r]));
+        double distance = 1.0 - (largest / p->inv_scale[r] + p->offset[r]) - 0x1p-40;
+        if (distance > 0.0) bound += distance;
+    }
+    return bound;
+}
+
+double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    int integer = nk_dtype_is_integer((int)q->dtype);
+    if (integer && q->dtype != nk_dtype_int8_k) return nk_integer_maxsim(q, d);
+    nk_samx_configure();
     double total = integer ? nk_samx_int8(q, d) : nk_driver_maxsim(q, d);
     _tile_release();
     return total;

@@ -28,8 +28,9 @@ extern "C" {
 #define NK_MAXSIM_FORMAT_VERSION 3u
 /* Version of the packed corpus format (same rules). 3: documents first and the table after them
  * (a corpus can be written before its document count is known), and a checksum of everything after
- * the header. */
-#define NK_CORPUS_FORMAT_VERSION 3u
+ * the header. 4: each float-format document's packed matrix is followed by its prescreen, a 4-bit
+ * copy of its screen that a top-k search reads first. */
+#define NK_CORPUS_FORMAT_VERSION 4u
 
 /* Packing dtypes. The numeric codes are stored in packed buffers: never renumber. */
 typedef enum nk_dtype {
@@ -185,8 +186,8 @@ nk_status_t nk_maxsim_unpacked_f32(nk_maxsim_matrix_t const *query, float const 
                                    uint64_t capabilities, void *scratch, uint64_t scratch_bytes, double *scores);
 
 /* ---- Packed corpora: many documents of different lengths in one portable buffer. ----
- * Layout (format version 3): a 128-byte header; the documents, each a complete packed matrix at a
- * 64-byte aligned offset, in order, the first at byte 128; the table (one nk_corpus_entry_t per
+ * Layout (format version 4): a 128-byte header; the documents, each a complete packed matrix (then,
+ * for the float formats, its prescreen) at a 64-byte aligned offset, in order, the first at byte 128; the table (one nk_corpus_entry_t per
  * document) at table_offset, the first aligned byte after the last document; zero padding to a
  * multiple of 64 bytes. The header holds a checksum (nk_checksum) of bytes [128, nbytes). Because
  * the table comes last, a corpus is built document by document (nk_corpus_plan, then
@@ -298,9 +299,12 @@ nk_status_t nk_maxsim_score_corpus(nk_maxsim_matrix_t const *queries, uint64_t q
 /* The k best documents of each query: indices[i * k + c] and scores[i * k + c] for c < k, lowest MaxSim
  * first, ties by lower index; the same as scoring every document and sorting, but a document whose
  * exact partial sum or screening bounds already prove it out of a query's current k best stops early.
- * 1 <= k <= documents. `scratch` (64-byte aligned) holds nk_corpus_top_k_scratch_bytes(query_count,
- * threads, k) bytes. */
-uint64_t nk_corpus_top_k_scratch_bytes(uint64_t query_count, uint64_t threads, uint64_t k);
+ * With a family that has a prescreen pass (sapphireamx), every document's prescreen bound comes first,
+ * the documents with the lowest bounds are scored next, and then only those whose bound does not
+ * exceed the query's k-th best so far. 1 <= k <= documents. `scratch` (64-byte aligned) holds
+ * nk_corpus_top_k_scratch_bytes(query_count, documents, threads, k) bytes (a float64 per query and
+ * document among them). */
+uint64_t nk_corpus_top_k_scratch_bytes(uint64_t query_count, uint64_t documents, uint64_t threads, uint64_t k);
 nk_status_t nk_maxsim_top_k_corpus(nk_maxsim_matrix_t const *queries, uint64_t query_count, nk_corpus_t const *corpus,
                                    uint64_t capabilities, uint64_t threads, uint64_t k, void *scratch,
                                    uint64_t scratch_bytes, int64_t *indices, double *scores);
