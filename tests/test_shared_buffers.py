@@ -275,9 +275,10 @@ def _prescreen_bytes(matrix):
         c = np.sign(v) * ((np.abs(v) + divisor // 2) // divisor)
         step = float(np.frombuffer(raw, np.float32, 1, scales_at + 4 * j)[0])
         scales[j] = np.float32(step * divisor)
-        residual = np.cumsum((step * v - float(scales[j]) * c) ** 2.0)[-1]  # in order, as the C loop adds
+        off, squares = int(((v - divisor * c) ** 2).sum()), int((c * c).sum())
         error = float(np.frombuffer(raw, np.float32, 1, errors_at + 4 * j)[0])
-        errors[j] = _f32_at_least((error + np.sqrt(residual)) * (1.0 + 2.0 ** -40))
+        bound = error + step * np.sqrt(float(off)) + abs(step * divisor - float(scales[j])) * np.sqrt(float(squares))
+        errors[j] = _f32_at_least(bound * (1.0 + 2.0 ** -40))
         nibbles = np.full(128 * pairs, 8, np.int64)
         nibbles[:screen_depth] = c + 8
         for p in range(pairs):

@@ -82,55 +82,73 @@ static float nk_f32_at_least(double x) {
     return (double)f < x ? nextafterf(f, INFINITY) : f;
 }
 
-/* Row j's 4-bit codes (c + 8, one per screen depth), scale and error. */
-static void nk_prescreen_row(nk_maxsim_view_t const *d, uint64_t j, uint8_t *codes, float *scale, float *error) {
-    uint64_t depth = d->screen_depth;
-    int largest = 0;
-    for (uint64_t k = 0; k < depth; ++k) {
-        int v = (int)d->screen[nk_screen_offset(d->vectors, depth, j, k)] - 128;
-        largest = v > largest ? v : -v > largest ? -v : largest;
+/* Tile t of d's prescreen, written or (check) compared: 1 when equal. The screen tile holds one line of
+ * 4 n bytes per 4-depth group (n rows); a byte's lane is its position / 4 in the line. */
+static int nk_prescreen_tile(nk_maxsim_view_t const *d, uint64_t t, uint8_t *codes, float *scales, float *errors,
+                             uint64_t pairs, int check) {
+    uint64_t groups = d->screen_depth / 4, n = d->vectors - 16 * t < 16 ? d->vectors - 16 * t : 16, line = 4 * n;
+    uint8_t const *tile = d->screen + 16 * t * d->screen_depth;
+    uint8_t largest[64] = {0}, code[NK_PRESCREEN_MAX_PAIRS * 32][64]; /* c + 8; 8 past the rows and depth */
+    uint16_t divisor[64] = {0}, inverse[64] = {0};
+    uint32_t wrong[64] = {0}, squares[64] = {0}; /* sums of (v - m c)^2 and c^2 */
+    memset(code, 8, (size_t)(32 * pairs * 64));
+    for (uint64_t g = 0; g < groups; ++g)
+        for (uint64_t i = 0; i < line; ++i) {
+            int v = (int)tile[g * line + i] - 128;
+            uint8_t magnitude = (uint8_t)(v < 0 ? -v : v);
+            largest[i] = magnitude > largest[i] ? magnitude : largest[i];
+        }
+    for (uint64_t r = 0; r < n; ++r) {
+        uint8_t most = largest[4 * r];
+        for (unsigned b = 1; b < 4; ++b) most = largest[4 * r + b] > most ? largest[4 * r + b] : most;
+        uint16_t m = (uint16_t)(most > 7 ? (most + 6u) / 7u : 1u);
+        /* floor(x / m) = (x ceil(2^15 / m)) >> 15 for x <= 136 and m <= 19: the excess stays below 1/m */
+        for (unsigned b = 0; b < 4; ++b) divisor[4 * r + b] = m, inverse[4 * r + b] = (uint16_t)((32767u + m) / m);
     }
-    int divisor = largest > 7 ? (largest + 6) / 7 : 1;
-    float step = d->screen_scales[j];
-    *scale = (float)((double)step * divisor);
-    double residual = 0.0; /* ||step v - scale c||^2: each product exact in float64 */
-    for (uint64_t k = 0; k < depth; ++k) {
-        int v = (int)d->screen[nk_screen_offset(d->vectors, depth, j, k)] - 128;
-        int c = (v >= 0 ? v + divisor / 2 : v - divisor / 2) / divisor; /* half away from zero, |c| <= 7 */
-        double gap = (double)step * v - (double)*scale * c;
-        residual += gap * gap;
-        codes[k] = (uint8_t)(c + 8);
+    for (uint64_t g = 0; g < groups; ++g)
+        for (uint64_t i = 0; i < line; ++i) {
+            int v = (int)tile[g * line + i] - 128;
+            uint32_t magnitude = (uint32_t)(v < 0 ? -v : v);
+            int c = (int)(((magnitude + divisor[i] / 2u) * inverse[i]) >> 15); /* |v| / m, half away from 0 */
+            c = v < 0 ? -c : c;
+            int gap = v - (int)divisor[i] * c;
+            wrong[i] += (uint32_t)(gap * gap), squares[i] += (uint32_t)(c * c);
+            code[g][i] = (uint8_t)(c + 8);
+        }
+    int equal = 1;
+    for (uint64_t p = 0; p < pairs; ++p)
+        for (uint64_t g = 0; g < 16; ++g) {
+            uint64_t low = 32 * p + g, high = low + 16;
+            uint8_t *out = codes + 1024 * p + 64 * g;
+            uint8_t bytes[64];
+            for (uint64_t i = 0; i < 64; ++i) bytes[i] = (uint8_t)(code[low][i] | code[high][i] << 4);
+            if (check) equal &= memcmp(out, bytes, 64) == 0;
+            else memcpy(out, bytes, 64);
+        }
+    for (uint64_t r = 0; r < 16; ++r) {
+        float scale = 0.0f, error = -INFINITY;
+        if (r < n) {
+            uint32_t m = divisor[4 * r], off = 0, sum = 0;
+            for (unsigned b = 0; b < 4; ++b) off += wrong[4 * r + b], sum += squares[4 * r + b];
+            double step = d->screen_scales[16 * t + r], exact_scale = step * m; /* exact in float64 */
+            scale = (float)exact_scale;
+            /* ||u - scale c|| <= ||u - step v|| + step ||v - m c|| + |step m - scale| ||c|| */
+            double bound = (double)d->screen_errors[16 * t + r] + step * sqrt((double)off) +
+                           fabs(exact_scale - (double)scale) * sqrt((double)sum);
+            error = nk_f32_at_least(bound * (1.0 + 0x1p-40)); /* covers the roundings above */
+        }
+        if (check) equal &= memcmp(&scales[r], &scale, 4) == 0 && memcmp(&errors[r], &error, 4) == 0;
+        else scales[r] = scale, errors[r] = error;
     }
-    /* The sum and the square root round by far less than 2^-40 relative. */
-    *error = nk_f32_at_least(((double)d->screen_errors[j] + sqrt(residual)) * (1.0 + 0x1p-40));
+    return equal;
 }
 
 int nk_prescreen_build(nk_maxsim_view_t const *d, uint8_t *document, nk_prescreen_layout_t const *layout, int check) {
-    uint8_t row_codes[NK_PRESCREEN_MAX_PAIRS * 128];
     int equal = 1;
-    for (uint64_t t = 0; t < layout->tiles; ++t) {
-        uint8_t *tile = document + layout->codes_offset + t * 1024 * layout->pairs;
-        float *scales = (float *)(void *)(document + layout->scales_offset) + 16 * t;
-        float *errors = (float *)(void *)(document + layout->errors_offset) + 16 * t;
-        for (uint64_t r = 0; r < 16; ++r) {
-            uint64_t j = 16 * t + r;
-            float scale = 0.0f, error = -INFINITY;
-            memset(row_codes, 8, sizeof(row_codes));
-            if (j < d->vectors) nk_prescreen_row(d, j, row_codes, &scale, &error);
-            for (uint64_t p = 0; p < layout->pairs; ++p)
-                for (uint64_t g = 0; g < 16; ++g)
-                    for (uint64_t b = 0; b < 4; ++b) {
-                        uint64_t low = 128 * p + 4 * g + b, high = low + 64;
-                        uint8_t byte = (uint8_t)((low < d->screen_depth ? row_codes[low] : 8) |
-                                                 (high < d->screen_depth ? row_codes[high] : 8) << 4);
-                        uint8_t *at = tile + 1024 * p + 64 * g + 4 * r + b;
-                        if (check) equal &= *at == byte;
-                        else *at = byte;
-                    }
-            if (check) equal &= memcmp(&scales[r], &scale, 4) == 0 && memcmp(&errors[r], &error, 4) == 0;
-            else scales[r] = scale, errors[r] = error;
-        }
-    }
+    for (uint64_t t = 0; t < layout->tiles; ++t)
+        equal &= nk_prescreen_tile(d, t, document + layout->codes_offset + t * 1024 * layout->pairs,
+                                   (float *)(void *)(document + layout->scales_offset) + 16 * t,
+                                   (float *)(void *)(document + layout->errors_offset) + 16 * t, layout->pairs, check);
     return equal;
 }
 

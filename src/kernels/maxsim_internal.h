@@ -105,9 +105,10 @@ typedef struct nk_corpus_header {
  *   errors   float32[tiles x 16]: upper bound on ||u - u''||_2 (-inf in padding lanes, so that no
  *            bound comes from them)
  * Derived from the screen alone: with the screen's codes v (|v| <= 127) and step s, a row's divisor
- * m = max(1, ceil(max |v| / 7)), c = v / m rounded half away from zero (|c| <= 7), scale = s m, and
- * error = (screen error + ||s v - scale c||_2) rounded up: the screening bound of this header holds
- * with u'' in place of u'. Integer formats have none. */
+ * m = max(1, ceil(max |v| / 7)), c = v / m rounded half away from zero (|c| <= 7), scale = (float)(s m),
+ * and error = (screen error + s ||v - m c||_2 + |s m - scale| ||c||_2) (1 + 2^-40), rounded up to a
+ * float (the norms from exact integer sums): the screening bound of this header holds with u'' in
+ * place of u'. Integer formats have none. */
 #define NK_PRESCREEN_MAX_PAIRS 6u /* depth <= 768; deeper documents store none */
 
 typedef struct nk_prescreen_layout {
