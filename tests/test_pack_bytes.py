@@ -165,6 +165,27 @@ else:
                 differ.append(key)
         assert not differ, f"{len(differ)} cases differ, e.g. {differ[:5]}"
 
+    def _without_masks(corpus):
+        """A corpus's bytes with the stored capability masks (its header's, each document's) and the
+        checksum over them zeroed: what is left must not depend on the routines that packed it."""
+        data = bytearray(memoryview(corpus))
+        data[40:48] = data[64:72] = bytes(8)  # nk_corpus_header_t: capabilities, checksum
+        documents, table = (int.from_bytes(data[at:at + 8], "little") for at in (24, 56))
+        for i in range(documents):
+            offset = int.from_bytes(data[table + 16 * i:table + 16 * i + 8], "little")
+            data[offset + 32:offset + 40] = bytes(8)  # the document's nk_maxsim_header_t capabilities
+        return bytes(data)
+
+    @pytest.mark.parametrize("family", [name for name in ("haswell", "skylake", "icelake")
+                                        if name in str(nk.get_capabilities())])
+    def test_every_family_packs_the_same_corpus_bytes(family):
+        """Corpora too (each float-format document's prescreen comes from the same routines)."""
+        mask = nk.Capability[family.upper()]
+        differ = [key for key, docs, target in _corpus_cases()
+                  if _without_masks(nk.maxsim_pack_corpus(docs, dtype=target, capabilities=nk.Capability.SERIAL))
+                  != _without_masks(nk.maxsim_pack_corpus(docs, dtype=target, capabilities=mask))]
+        assert not differ, f"{len(differ)} corpora differ, e.g. {differ[:5]}"
+
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(source=st.sampled_from(["float32", "float16", "bfloat16"]), target=st.sampled_from(TARGETS),
            depth=st.sampled_from(DEPTHS), rows=st.integers(1, 40), seed=st.integers(0, 2 ** 40),

@@ -74,84 +74,6 @@ static uint64_t nk_checksum_of(void const *data, uint64_t nbytes) {
     return nk_checksum_final(&state);
 }
 
-/* ---- The prescreen (maxsim_internal.h), from the screen alone. ---- */
-
-/* The smallest float32 at or above x (x >= 0, finite). */
-static float nk_f32_at_least(double x) {
-    float f = (float)x;
-    return (double)f < x ? nextafterf(f, INFINITY) : f;
-}
-
-/* Tile t of d's prescreen, written or (check) compared: 1 when equal. The screen tile holds one line of
- * 4 n bytes per 4-depth group (n rows); a byte's lane is its position / 4 in the line. */
-static int nk_prescreen_tile(nk_maxsim_view_t const *d, uint64_t t, uint8_t *codes, float *scales, float *errors,
-                             uint64_t pairs, int check) {
-    uint64_t groups = d->screen_depth / 4, n = d->vectors - 16 * t < 16 ? d->vectors - 16 * t : 16, line = 4 * n;
-    uint8_t const *tile = d->screen + 16 * t * d->screen_depth;
-    uint8_t largest[64] = {0}, code[NK_PRESCREEN_MAX_PAIRS * 32][64]; /* c + 8; 8 past the rows and depth */
-    uint16_t divisor[64] = {0}, inverse[64] = {0};
-    uint32_t wrong[64] = {0}, squares[64] = {0}; /* sums of (v - m c)^2 and c^2 */
-    memset(code, 8, (size_t)(32 * pairs * 64));
-    for (uint64_t g = 0; g < groups; ++g)
-        for (uint64_t i = 0; i < line; ++i) {
-            int v = (int)tile[g * line + i] - 128;
-            uint8_t magnitude = (uint8_t)(v < 0 ? -v : v);
-            largest[i] = magnitude > largest[i] ? magnitude : largest[i];
-        }
-    for (uint64_t r = 0; r < n; ++r) {
-        uint8_t most = largest[4 * r];
-        for (unsigned b = 1; b < 4; ++b) most = largest[4 * r + b] > most ? largest[4 * r + b] : most;
-        uint16_t m = (uint16_t)(most > 7 ? (most + 6u) / 7u : 1u);
-        /* floor(x / m) = (x ceil(2^15 / m)) >> 15 for x <= 136 and m <= 19: the excess stays below 1/m */
-        for (unsigned b = 0; b < 4; ++b) divisor[4 * r + b] = m, inverse[4 * r + b] = (uint16_t)((32767u + m) / m);
-    }
-    for (uint64_t g = 0; g < groups; ++g)
-        for (uint64_t i = 0; i < line; ++i) {
-            int v = (int)tile[g * line + i] - 128;
-            uint32_t magnitude = (uint32_t)(v < 0 ? -v : v);
-            int c = (int)(((magnitude + divisor[i] / 2u) * inverse[i]) >> 15); /* |v| / m, half away from 0 */
-            c = v < 0 ? -c : c;
-            int gap = v - (int)divisor[i] * c;
-            wrong[i] += (uint32_t)(gap * gap), squares[i] += (uint32_t)(c * c);
-            code[g][i] = (uint8_t)(c + 8);
-        }
-    int equal = 1;
-    for (uint64_t p = 0; p < pairs; ++p)
-        for (uint64_t g = 0; g < 16; ++g) {
-            uint64_t low = 32 * p + g, high = low + 16;
-            uint8_t *out = codes + 1024 * p + 64 * g;
-            uint8_t bytes[64];
-            for (uint64_t i = 0; i < 64; ++i) bytes[i] = (uint8_t)(code[low][i] | code[high][i] << 4);
-            if (check) equal &= memcmp(out, bytes, 64) == 0;
-            else memcpy(out, bytes, 64);
-        }
-    for (uint64_t r = 0; r < 16; ++r) {
-        float scale = 0.0f, error = -INFINITY;
-        if (r < n) {
-            uint32_t m = divisor[4 * r], off = 0, sum = 0;
-            for (unsigned b = 0; b < 4; ++b) off += wrong[4 * r + b], sum += squares[4 * r + b];
-            double step = d->screen_scales[16 * t + r], exact_scale = step * m; /* exact in float64 */
-            scale = (float)exact_scale;
-            /* ||u - scale c|| <= ||u - step v|| + step ||v - m c|| + |step m - scale| ||c|| */
-            double bound = (double)d->screen_errors[16 * t + r] + step * sqrt((double)off) +
-                           fabs(exact_scale - (double)scale) * sqrt((double)sum);
-            error = nk_f32_at_least(bound * (1.0 + 0x1p-40)); /* covers the roundings above */
-        }
-        if (check) equal &= memcmp(&scales[r], &scale, 4) == 0 && memcmp(&errors[r], &error, 4) == 0;
-        else scales[r] = scale, errors[r] = error;
-    }
-    return equal;
-}
-
-int nk_prescreen_build(nk_maxsim_view_t const *d, uint8_t *document, nk_prescreen_layout_t const *layout, int check) {
-    int equal = 1;
-    for (uint64_t t = 0; t < layout->tiles; ++t)
-        equal &= nk_prescreen_tile(d, t, document + layout->codes_offset + t * 1024 * layout->pairs,
-                                   (float *)(void *)(document + layout->scales_offset) + 16 * t,
-                                   (float *)(void *)(document + layout->errors_offset) + 16 * t, layout->pairs, check);
-    return equal;
-}
-
 /* A document's bytes: its packed matrix, then its prescreen. */
 static nk_status_t nk_corpus_document_bytes(uint64_t vectors, uint64_t depth, int dtype, uint64_t *nbytes,
                                             nk_prescreen_layout_t *layout) {
@@ -324,7 +246,7 @@ static void *nk_pack_worker(void *argument) {
                                                     job->capabilities, (uint32_t)job->dtype}};
             nk_maxsim_view_t view;
             nk_maxsim_view_init(&matrix, &view);
-            nk_prescreen_build(&view, (uint8_t *)document, &layout, 0);
+            nk_prescreen_build(&view, (uint8_t *)document, &layout, job->capabilities, 0);
         }
         if (status != nk_ok_k && nk_atomic_set_if_zero_i32(&job->status, (int)status)) {
             job->bad_document = i, job->bad_row = bad_row;
@@ -461,7 +383,8 @@ nk_status_t nk_corpus_verify(void const *buf, nk_corpus_info_t const *info, nk_c
         nk_prescreen_layout(found.vectors, found.depth, (int)found.dtype, document_bytes, &layout);
         nk_maxsim_view_t view;
         nk_maxsim_view_init(&document, &view);
-        if (layout.pairs && !nk_prescreen_build(&view, (uint8_t *)(uintptr_t)document.data, &layout, 1))
+        if (layout.pairs &&
+            !nk_prescreen_build(&view, (uint8_t *)(uintptr_t)document.data, &layout, info->capabilities, 1))
             return nk_error_corrupt_k;
     }
     return nk_ok_k;

@@ -235,8 +235,10 @@ double nk_prescreen_bound_sapphireamx(void const *state, nk_maxsim_view_t const 
 nk_prescreen_ops_t const *nk_prescreen_for(uint64_t capabilities, uint64_t depth);
 
 /* Write the prescreen of the packed float-format document `d` (its bytes at `document`) where
- * `layout` puts it, or with `check` compare it with what is there: 1 when equal (or written). */
-int nk_prescreen_build(nk_maxsim_view_t const *d, uint8_t *document, nk_prescreen_layout_t const *layout, int check);
+ * `layout` puts it, with the packer's row routines for `capabilities` (all write the same bytes), or
+ * with `check` compare it with what is there: 1 when equal (or written). */
+int nk_prescreen_build(nk_maxsim_view_t const *d, uint8_t *document, nk_prescreen_layout_t const *layout,
+                       uint64_t capabilities, int check);
 
 /* A SIMD family's kernel, defined after its driver.h and integer_maxsim.h: the integer formats go to
  * nk_integer_maxsim, the float formats to nk_driver_maxsim. */

@@ -308,6 +308,18 @@ static nk_pack_rows_t const *nk_pack_rows_for(uint64_t capabilities) {
     return &nk_pack_rows_serial;
 }
 
+int nk_prescreen_build(nk_maxsim_view_t const *d, uint8_t *document, nk_prescreen_layout_t const *layout,
+                       uint64_t capabilities, int check) {
+    nk_pack_rows_t const *rows = nk_pack_rows_for(capabilities);
+    int equal = 1;
+    for (uint64_t t = 0; t < layout->tiles; ++t)
+        equal &= rows->prescreen_tile(d, t, document + layout->codes_offset + t * 1024 * layout->pairs,
+                                        (float *)(void *)(document + layout->scales_offset) + 16 * t,
+                                        (float *)(void *)(document + layout->errors_offset) + 16 * t, layout->pairs,
+                                        check);
+    return equal;
+}
+
 /* Derive one row's sections: written, or (verify) compared bit for bit; 0 on mismatch. */
 static int nk_derive_row(nk_pack_rows_t const *rows, nk_maxsim_header_t const *h, char *base, uint64_t row,
                          int verify) {

@@ -1,6 +1,7 @@
 /* The packer's float-format row routines: rounding to the packing formats, the largest-magnitude
- * check, the screening copy and the derived sections of one row. Included by pack.c (the portable
- * build, table nk_pack_rows_serial) and compiled again by pack_rows.c with a SIMD family's flags:
+ * check, the screening copy and the derived sections of one row, and a corpus document's prescreen
+ * tiles. Included by pack.c (the portable build, table nk_pack_rows_serial) and compiled again by
+ * pack_rows.c with a SIMD family's flags:
  * the same C under -ffp-contract=off gives the same bytes, only in wider vectors, and under AVX-512
  * the span loops below are written with intrinsics doing the same float64 operations in the same
  * order (the compiler left the largest-magnitude scans scalar: float32 rows packed 1.9x faster in
@@ -21,6 +22,8 @@ typedef struct nk_pack_rows {
                                   void const *source_row);
     int (*derive_float_row)(nk_maxsim_header_t const *h, char *base, uint64_t row, int verify);
     int (*float_row_is_valid)(int dtype, void const *row, uint64_t depth);
+    int (*prescreen_tile)(nk_maxsim_view_t const *d, uint64_t t, uint8_t *codes, float *scales, float *errors,
+                          uint64_t pairs, int check);
 } nk_pack_rows_t;
 
 /* ---- Rounding float64 to the packing formats (round-to-nearest-even). ---- */
@@ -563,6 +566,76 @@ static nk_status_t nk_pack_float_row(nk_maxsim_header_t const *h, char *base, ui
     return nk_ok_k;
 }
 
-nk_pack_rows_t const NK_PACK_ROWS_NAME = {nk_pack_float_row, nk_derive_float_row, nk_float_row_is_valid};
+/* ---- The prescreen of a corpus document (maxsim_internal.h), from its screen alone. ---- */
+
+/* The smallest float32 at or above x (x >= 0, finite). */
+static float nk_f32_at_least(double x) {
+    float f = (float)x;
+    return (double)f < x ? nextafterf(f, INFINITY) : f;
+}
+
+/* Tile t of d's prescreen, written or (check) compared: 1 when equal. The screen tile holds one line of
+ * 4 n bytes per 4-depth group (n rows); a byte's lane is its position / 4 in the line. */
+static int nk_prescreen_tile(nk_maxsim_view_t const *d, uint64_t t, uint8_t *codes, float *scales, float *errors,
+                             uint64_t pairs, int check) {
+    uint64_t groups = d->screen_depth / 4, n = d->vectors - 16 * t < 16 ? d->vectors - 16 * t : 16, line = 4 * n;
+    uint8_t const *tile = d->screen + 16 * t * d->screen_depth;
+    uint8_t largest[64] = {0}, code[NK_PRESCREEN_MAX_PAIRS * 32][64]; /* c + 8; 8 past the rows and depth */
+    uint16_t divisor[64] = {0}, inverse[64] = {0};
+    uint32_t wrong[64] = {0}, squares[64] = {0}; /* sums of (v - m c)^2 and c^2 */
+    memset(code, 8, (size_t)(32 * pairs * 64));
+    for (uint64_t g = 0; g < groups; ++g)
+        for (uint64_t i = 0; i < line; ++i) {
+            int v = (int)tile[g * line + i] - 128;
+            uint8_t magnitude = (uint8_t)(v < 0 ? -v : v);
+            largest[i] = magnitude > largest[i] ? magnitude : largest[i];
+        }
+    for (uint64_t r = 0; r < n; ++r) {
+        uint8_t most = largest[4 * r];
+        for (unsigned b = 1; b < 4; ++b) most = largest[4 * r + b] > most ? largest[4 * r + b] : most;
+        uint16_t m = (uint16_t)(most > 7 ? (most + 6u) / 7u : 1u);
+        /* floor(x / m) = (x ceil(2^15 / m)) >> 15 for x <= 136 and m <= 19: the excess stays below 1/m */
+        for (unsigned b = 0; b < 4; ++b) divisor[4 * r + b] = m, inverse[4 * r + b] = (uint16_t)((32767u + m) / m);
+    }
+    for (uint64_t g = 0; g < groups; ++g)
+        for (uint64_t i = 0; i < line; ++i) {
+            int v = (int)tile[g * line + i] - 128;
+            uint32_t magnitude = (uint32_t)(v < 0 ? -v : v);
+            int c = (int)(((magnitude + divisor[i] / 2u) * inverse[i]) >> 15); /* |v| / m, half away from 0 */
+            c = v < 0 ? -c : c;
+            int gap = v - (int)divisor[i] * c;
+            wrong[i] += (uint32_t)(gap * gap), squares[i] += (uint32_t)(c * c);
+            code[g][i] = (uint8_t)(c + 8);
+        }
+    int equal = 1;
+    for (uint64_t p = 0; p < pairs; ++p)
+        for (uint64_t g = 0; g < 16; ++g) {
+            uint64_t low = 32 * p + g, high = low + 16;
+            uint8_t *out = codes + 1024 * p + 64 * g;
+            uint8_t bytes[64];
+            for (uint64_t i = 0; i < 64; ++i) bytes[i] = (uint8_t)(code[low][i] | code[high][i] << 4);
+            if (check) equal &= memcmp(out, bytes, 64) == 0;
+            else memcpy(out, bytes, 64);
+        }
+    for (uint64_t r = 0; r < 16; ++r) {
+        float scale = 0.0f, error = -INFINITY;
+        if (r < n) {
+            uint32_t m = divisor[4 * r], off = 0, sum = 0;
+            for (unsigned b = 0; b < 4; ++b) off += wrong[4 * r + b], sum += squares[4 * r + b];
+            double step = d->screen_scales[16 * t + r], exact_scale = step * m; /* exact in float64 */
+            scale = (float)exact_scale;
+            /* ||u - scale c|| <= ||u - step v|| + step ||v - m c|| + |step m - scale| ||c|| */
+            double bound = (double)d->screen_errors[16 * t + r] + step * sqrt((double)off) +
+                           fabs(exact_scale - (double)scale) * sqrt((double)sum);
+            error = nk_f32_at_least(bound * (1.0 + 0x1p-40)); /* covers the roundings above */
+        }
+        if (check) equal &= memcmp(&scales[r], &scale, 4) == 0 && memcmp(&errors[r], &error, 4) == 0;
+        else scales[r] = scale, errors[r] = error;
+    }
+    return equal;
+}
+
+nk_pack_rows_t const NK_PACK_ROWS_NAME = {nk_pack_float_row, nk_derive_float_row, nk_float_row_is_valid,
+                                         nk_prescreen_tile};
 
 #endif /* NUMKONG_PACK_ROWS_H */

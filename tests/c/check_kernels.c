@@ -110,10 +110,10 @@ static int check_prescreens(void const *q, void const *d, uint64_t nq, uint64_t 
     nk_maxsim_view_t qv, dv;
     nk_maxsim_info(q, &qm.info), nk_maxsim_info(d, &dm.info);
     nk_maxsim_view_init(&qm, &qv), nk_maxsim_view_init(&dm, &dv);
-    nk_prescreen_build(&dv, document, &layout, 0);
+    nk_prescreen_build(&dv, document, &layout, NK_CAPABILITIES_ANY, 0);
     int failures = 0;
     ++*checks;
-    if (!nk_prescreen_build(&dv, document, &layout, 1)) {
+    if (!nk_prescreen_build(&dv, document, &layout, NK_CAPABILITIES_ANY, 1)) {
         ++failures;
         printf("MISMATCH prescreen of %s depth=%llu x%llu: rebuilt bytes differ\n", dtype_name,
                (unsigned long long)depth, (unsigned long long)nd);
