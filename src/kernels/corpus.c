@@ -716,7 +716,8 @@ static void nk_top_k_score_seeds(nk_top_k_job_t *job, nk_ranked_t *pool) {
     for (uint64_t i = 0; i < job->query_count; ++i) {
         double *bounds = job->bounds + i * documents;
         nk_heap_t lowest = {pool, 0, seeds};
-        for (uint64_t index = 0; index < documents; ++index) nk_heap_offer(&lowest, (nk_ranked_t){bounds[index], (int64_t)index});
+        for (uint64_t index = 0; index < documents; ++index)
+            nk_heap_offer(&lowest, (nk_ranked_t){bounds[index], (int64_t)index});
         for (uint64_t c = 0; c < lowest.count; ++c) {
             nk_corpus_doc_t document;
             uint64_t index = (uint64_t)pool[c].index;

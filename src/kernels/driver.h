@@ -407,21 +407,22 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
     (void)decoded_row;
 }
 
+/* A lower bound on row r's distance when `largest` bounds its u from above: its best cosine is at most
+ * s_q largest + a; a zero row's distance is 1. */
+static inline double nk_driver_row_bound(nk_driver_group_t const *g, unsigned r, double largest) {
+    if (!(g->live >> r & 1)) return 1.0;
+    double distance = 1.0 - (largest / g->inv_scale[r] + g->offset[r]) - 0x1p-40; /* rounding, generously */
+    return distance > 0.0 ? distance : 0.0;
+}
+
 /* A lower bound on the distances of a group's rows from one block of screening bounds that covers all
- * of the documents: each live row's best cosine is at most s_q (u[top] + margin) + a, margin covering
- * how far below the row's largest u its named top may be; a zero row contributes 1. */
+ * of the documents: the margin of nk_driver_largest_u covers how far below the row's largest u its
+ * named top may be; a row without a finite u bounds nothing. */
 static double nk_driver_screened_bound(nk_driver_group_t const *g, float const *u, int32_t const *top) {
     double bound = 0.0;
-    for (unsigned r = 0; r < g->rows; ++r) {
-        if (!(g->live >> r & 1)) {
-            bound += 1.0;
-            continue;
-        }
-        if (top[r] < 0) continue;
-        double largest = nk_driver_largest_u(u[(uint64_t)r * NK_DRIVER_STRIDE + (uint64_t)top[r]]);
-        double distance = 1.0 - (largest / g->inv_scale[r] + g->offset[r]) - 0x1p-40; /* rounding, generously */
-        if (distance > 0.0) bound += distance;
-    }
+    for (unsigned r = 0; r < g->rows; ++r)
+        bound += nk_driver_row_bound(
+            g, r, top[r] < 0 ? INFINITY : nk_driver_largest_u(u[(uint64_t)r * NK_DRIVER_STRIDE + (uint64_t)top[r]]));
     return bound;
 }
 

@@ -137,7 +137,7 @@ static inline int nk_prescreen_layout(uint64_t vectors, uint64_t depth, int dtyp
 
 /* A query prepared once for a family's prescreen pass (nk_prescreen_for): at most this many bytes,
  * 64-byte aligned. */
-#define NK_PRESCREEN_STATE_BYTES 25600u
+#define NK_PRESCREEN_STATE_BYTES 26624u
 
 /* The next document's bytes, prefetched into L2 a few cache lines at a time from inside the work on
  * the current document: a family's screening loop takes a line or two per step, so the lines arrive

@@ -521,11 +521,9 @@ static void nk_samx_configure(void) {
 
 typedef struct nk_samx_prescreen {
     _Alignas(64) int8_t query_tiles[2][2 * NK_PRESCREEN_MAX_PAIRS * NK_SAMX_STEP_BYTES];
-    float growth[NK_SAMX_ROWS];
-    double inv_scale[NK_SAMX_ROWS], offset[NK_SAMX_ROWS];
+    nk_driver_group_t group;    /* the bound's constants, as the screening has them */
     int32_t bias[NK_SAMX_ROWS]; /* -8 x the row's sum of screen values: cancels the codes' +8 */
-    uint32_t live;
-    uint64_t rows, pairs;
+    uint64_t pairs;
 } nk_samx_prescreen_t;
 _Static_assert(sizeof(nk_samx_prescreen_t) <= NK_PRESCREEN_STATE_BYTES, "the prescreen state fits its scratch");
 
@@ -533,18 +531,14 @@ int nk_prescreen_prepare_sapphireamx(nk_maxsim_view_t const *q, void *state) {
     nk_samx_prescreen_t *p = (nk_samx_prescreen_t *)state;
     uint64_t steps = (q->screen_depth / 4 + 15) / 16;
     if (nk_dtype_is_integer((int)q->dtype) || q->vectors == 0 || (steps + 1) / 2 > NK_PRESCREEN_MAX_PAIRS) return 0;
-    p->rows = q->vectors < NK_SAMX_ROWS ? q->vectors : NK_SAMX_ROWS;
+    uint64_t rows = q->vectors < NK_SAMX_ROWS ? q->vectors : NK_SAMX_ROWS;
     p->pairs = (steps + 1) / 2;
-    nk_driver_group_t group;
-    nk_driver_group_init(q, 0, p->rows, &group);
-    p->live = group.live;
-    for (unsigned r = 0; r < NK_SAMX_ROWS; ++r) {
-        p->growth[r] = group.growth[r], p->inv_scale[r] = group.inv_scale[r], p->offset[r] = group.offset[r];
-        p->bias[r] = r < p->rows && (group.live >> r & 1) ? (int32_t)(0u - (uint32_t)q->screen_sums[r] * 8u) : 0;
-    }
+    nk_driver_group_init(q, 0, rows, &p->group);
+    for (unsigned r = 0; r < NK_SAMX_ROWS; ++r)
+        p->bias[r] = r < rows && (p->group.live >> r & 1) ? (int32_t)(0u - (uint32_t)q->screen_sums[r] * 8u) : 0;
     /* Steps of 16 groups from group 0 (none end-aligned): groups past the depth are zero. */
     nk_samx_depth_t depth = {q->screen_depth / 4, 2 * p->pairs, 0, 0};
-    for (unsigned half = 0; 16 * half < p->rows; ++half)
+    for (unsigned half = 0; 16 * half < rows; ++half)
         nk_samx_build_query_tiles(q, &depth, 16 * half, 0, depth.steps, p->query_tiles[half]);
     return 1;
 }
@@ -555,7 +549,7 @@ double nk_prescreen_bound_sapphireamx(void const *state, nk_maxsim_view_t const 
     _Alignas(64) uint8_t unpacked[2 * NK_SAMX_STEP_BYTES];
     _Alignas(64) int32_t sums[2][16][16];
     _Alignas(64) float top[NK_SAMX_ROWS][16];
-    uint64_t rows = p->rows, pairs = p->pairs;
+    uint64_t rows = p->group.rows, pairs = p->pairs;
     int both = rows > 16;
     uint8_t const *codes = document + layout->codes_offset;
     float const *scales = (float const *)(void const *)(document + layout->scales_offset);
@@ -599,23 +593,15 @@ double nk_prescreen_bound_sapphireamx(void const *state, nk_maxsim_view_t const 
         for (uint64_t r = 0; r < rows; ++r) {
             __m512i sum = _mm512_add_epi32(_mm512_load_si512((void const *)sums[r >> 4][r & 15]),
                                            _mm512_set1_epi32(p->bias[r]));
-            __m512 u = _mm512_fmadd_ps(_mm512_set1_ps(p->growth[r]), error,
+            __m512 u = _mm512_fmadd_ps(_mm512_set1_ps(p->group.growth[r]), error,
                                        _mm512_mul_ps(_mm512_cvtepi32_ps(sum), scale));
             _mm512_store_ps(top[r], _mm512_max_ps(_mm512_load_ps(top[r]), u));
         }
     }
     _tile_release();
-    /* As nk_driver_screened_bound, from each row's exact largest u. */
-    double bound = 0.0;
-    for (uint64_t r = 0; r < rows; ++r) {
-        if (!(p->live >> r & 1)) {
-            bound += 1.0;
-            continue;
-        }
-        double largest = _mm512_reduce_max_ps(_mm512_load_ps(top[r]));
-        double distance = 1.0 - (largest / p->inv_scale[r] + p->offset[r]) - 0x1p-40;
-        if (distance > 0.0) bound += distance;
-    }
+    double bound = 0.0; /* from each row's exact largest u */
+    for (unsigned r = 0; r < rows; ++r)
+        bound += nk_driver_row_bound(&p->group, r, _mm512_reduce_max_ps(_mm512_load_ps(top[r])));
     return bound;
 }
 
