@@ -85,6 +85,17 @@ def test_queries_of_any_row_count_with_zero_rows(clustered_case, family):
         assert np.array_equal(indices, expected[0]) and np.array_equal(scores, expected[1])
 
 
+def test_more_queries_than_one_pass_takes(clustered_case):
+    """Queries go in passes of at most 64 (fewer for corpora of over 524,288 documents): 70 queries in
+    one call rank as each alone."""
+    documents, corpus, _ = clustered_case
+    queries = [nk.maxsim_pack(q, dtype="float32") for q in _queries(documents, 70, seed=9)]
+    full = nk.maxsim_packed_corpus(queries, corpus)
+    indices, scores = nk.maxsim_packed_corpus(queries, corpus, top_k=5, threads=2)
+    expected = _expected(full, 5)
+    assert np.array_equal(indices, expected[0]) and np.array_equal(scores, expected[1])
+
+
 def test_ties_go_to_the_lower_index():
     rng = np.random.default_rng(3)
     base = [rng.standard_normal((5, 32)).astype(np.float32) for _ in range(6)]

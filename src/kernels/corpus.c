@@ -728,11 +728,20 @@ static void nk_top_k_score_seeds(nk_top_k_job_t *job, nk_ranked_t *pool) {
     }
 }
 
+/* Queries per pass of a top-k search: their prescreen bounds take 8 bytes per (query, document), at
+ * most 2^25 of them (256 MB) unless one query alone needs more. */
+#define NK_TOP_K_BOUNDS_BUDGET (1ull << 25)
+
+static uint64_t nk_top_k_batch(uint64_t query_count, uint64_t documents) {
+    uint64_t batch = query_count < NK_CORPUS_QUERY_BATCH ? query_count : NK_CORPUS_QUERY_BATCH;
+    uint64_t fit = documents > NK_TOP_K_BOUNDS_BUDGET ? 1 : NK_TOP_K_BOUNDS_BUDGET / (documents ? documents : 1);
+    return batch < fit ? batch : fit;
+}
+
 uint64_t nk_corpus_top_k_scratch_bytes(uint64_t query_count, uint64_t documents, uint64_t threads, uint64_t k) {
     if (threads < 1) threads = 1;
     if (threads > NK_CORPUS_MAX_THREADS) threads = NK_CORPUS_MAX_THREADS;
-    uint64_t batch = query_count < NK_CORPUS_QUERY_BATCH ? query_count : NK_CORPUS_QUERY_BATCH, heaps, bytes, bounds,
-             seeds, total;
+    uint64_t batch = nk_top_k_batch(query_count, documents), heaps, bytes, bounds, seeds, total;
     if (!nk_u64_mul(threads * batch, k, &heaps) || !nk_u64_mul(heaps, sizeof(nk_ranked_t), &bytes) ||
         !nk_u64_mul(batch * sizeof(double), documents, &bounds) ||
         !nk_u64_mul(k + NK_TOP_K_EXTRA_SEEDS, sizeof(nk_ranked_t), &seeds))
@@ -766,14 +775,14 @@ nk_status_t nk_maxsim_top_k_corpus(nk_maxsim_matrix_t const *queries, uint64_t q
     nk_maxsim_kernel_t kernel = nk_maxsim_kernel_for(capabilities, corpus->info.depth);
     nk_prescreen_ops_t const *prescreen = nk_prescreen_for(capabilities, corpus->info.depth);
     uint64_t helpers = threads > documents ? documents : threads; /* the threads nk_run_threads starts */
-    uint64_t batch_max = query_count < NK_CORPUS_QUERY_BATCH ? query_count : NK_CORPUS_QUERY_BATCH;
+    uint64_t batch_max = nk_top_k_batch(query_count, documents);
     uint8_t *states = (uint8_t *)scratch;
     double *bounds = (double *)(void *)(states + batch_max * NK_PRESCREEN_STATE_BYTES);
     nk_ranked_t *pool = (nk_ranked_t *)(void *)(bounds + batch_max * documents);
     nk_ranked_t *heaps = pool + k + NK_TOP_K_EXTRA_SEEDS;
     nk_maxsim_view_t views[NK_CORPUS_QUERY_BATCH];
-    for (uint64_t batch = 0; batch < query_count; batch += NK_CORPUS_QUERY_BATCH) {
-        uint64_t count = query_count - batch < NK_CORPUS_QUERY_BATCH ? query_count - batch : NK_CORPUS_QUERY_BATCH;
+    for (uint64_t batch = 0; batch < query_count; batch += batch_max) {
+        uint64_t count = query_count - batch < batch_max ? query_count - batch : batch_max;
         for (uint64_t i = 0; i < count; ++i) nk_maxsim_view_init(&queries[batch + i], &views[i]);
         uint64_t *counts = (uint64_t *)(void *)(heaps + helpers * count * k), *caps = counts + helpers * count;
         uint8_t *ready = (uint8_t *)(caps + count);

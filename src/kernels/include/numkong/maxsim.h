@@ -302,8 +302,8 @@ nk_status_t nk_maxsim_score_corpus(nk_maxsim_matrix_t const *queries, uint64_t q
  * With a family that has a prescreen pass (sapphireamx), every document's prescreen bound comes first,
  * the documents with the lowest bounds are scored next, and then only those whose bound does not
  * exceed the query's k-th best so far. 1 <= k <= documents. `scratch` (64-byte aligned) holds
- * nk_corpus_top_k_scratch_bytes(query_count, documents, threads, k) bytes (a float64 per query and
- * document among them). */
+ * nk_corpus_top_k_scratch_bytes(query_count, documents, threads, k) bytes (a float64 per document
+ * for each query of a pass; a pass takes up to 64 queries, and fewer once that passes 256 MB). */
 uint64_t nk_corpus_top_k_scratch_bytes(uint64_t query_count, uint64_t documents, uint64_t threads, uint64_t k);
 nk_status_t nk_maxsim_top_k_corpus(nk_maxsim_matrix_t const *queries, uint64_t query_count, nk_corpus_t const *corpus,
                                    uint64_t capabilities, uint64_t threads, uint64_t k, void *scratch,
