@@ -10,7 +10,7 @@ faster packer must be byte-identical to the one it replaces. Two checks:
   of each buffer (its first 16 hex digits) must equal pack_bytes_digests.txt, written by the packer of
   commit 8e007da (`python tests/test_pack_bytes.py --write tests/pack_bytes_digests.txt`), except six
   float64 -> int8/int4 cases: their rows with subnormal magnitudes were quantized wrongly by that packer;
-  and the corpus lines, rewritten for corpus format 4 (each document's prescreen after its matrix).
+  and the corpus lines, rewritten for corpus format 5 (each document's prescreen after its matrix).
 - Property: a float32, float16 or bfloat16 source packs to the same bytes as its exact float64 copy
   (the packer's original path) when it is cast to another format, for any finite values (hypothesis).
 """

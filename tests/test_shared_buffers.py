@@ -256,13 +256,14 @@ def _f32_at_least(x):
 
 def _prescreen_bytes(matrix):
     """A packed float-format matrix's prescreen as maxsim_internal.h documents it, derived here from its
-    screen section on its own: 4-bit codes in 16-row tiles of 128-deep pairs, then scales and errors."""
+    screen section on its own: 4-bit codes row-major in 16-row tiles of 128-deep pairs, then scales and
+    errors."""
     raw = bytes(memoryview(matrix))
     vectors, depth = struct.unpack_from("<QQ", raw, 16)
     screen, scales_at, errors_at, _, screen_depth = struct.unpack_from("<5Q", raw, 64)
     steps = (screen_depth // 4 + 15) // 16
     pairs, tiles = (steps + 1) // 2, (vectors + 15) // 16
-    codes = np.full((tiles, pairs, 16, 16, 4), 0x88, np.uint8)  # tile, pair, line, lane, byte
+    codes = np.full((tiles, pairs, 16, 64), 0x88, np.uint8)  # tile, pair, row, byte
     scales = np.zeros(tiles * 16, np.float32)
     errors = np.full(tiles * 16, -np.inf, np.float32)
     for j in range(vectors):
@@ -283,11 +284,11 @@ def _prescreen_bytes(matrix):
         nibbles[:screen_depth] = c + 8
         for p in range(pairs):
             low, high = nibbles[128 * p:128 * p + 64], nibbles[128 * p + 64:128 * p + 128]
-            codes[tile, p, :, lane, :] = (low | high << 4).reshape(16, 4)
+            codes[tile, p, lane, :] = low | high << 4
     return codes.tobytes() + scales.tobytes() + errors.tobytes()
 
 
-def _corpus_bytes(matrices, depth, version=4):
+def _corpus_bytes(matrices, depth, version=5):
     """Corpus bytes assembled by hand from packed matrices: nk_corpus_header_t, the documents from byte
     128 on (64-byte aligned, each a float-format matrix followed by its prescreen), the table after
     them, the checksum of everything after the header."""
@@ -339,8 +340,8 @@ def test_empty_queries_score_zero(case):
 def test_previous_corpus_version_asks_to_pack_again(tmp_path, case):
     documents, _, corpus, _ = case
     data = bytearray(memoryview(corpus))
-    data[OFFSET_VERSION:OFFSET_VERSION + 4] = (3).to_bytes(4, "little")
-    with pytest.raises(ValueError, match="format version 3, this numkong reads version 4; pack the source arrays"):
+    data[OFFSET_VERSION:OFFSET_VERSION + 4] = (4).to_bytes(4, "little")
+    with pytest.raises(ValueError, match="format version 4, this numkong reads version 5; pack the source arrays"):
         nk._maxsim._load_corpus(bytes(data))
 
 

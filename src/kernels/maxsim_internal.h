@@ -96,11 +96,11 @@ typedef struct nk_corpus_header {
 /* The prescreen (corpus format 4): after each float-format document's packed matrix, at the next
  * 64-byte boundary, a 4-bit copy of its screen that a top-k search reads first. Most documents are
  * proven out of the k best from it alone, at half the bytes of the screen (tools/bench.py --corpus).
- * Rows go in tiles of 16 (the last padded to 16 lanes); depth in pairs of 64-deep steps:
- *   codes    tiles x pairs x 1024 bytes. In tile t, pair p, line g (0..15), lane r, byte b: at
- *            t (1024 pairs) + 1024 p + 64 g + 4 r + b, low nibble c + 8 for depth 128 p + 4 g + b,
- *            high nibble c' + 8 for depth 128 p + 64 + 4 g + b (c = 0 past the screen depth and in
- *            padding lanes). Unpacked, the nibbles of a pair are two AMX B tiles of the screen's layout.
+ * Rows go in tiles of 16 (the last padded to 16 rows); depth in pairs of 64-deep steps:
+ *   codes    tiles x pairs x 1024 bytes. In tile t, pair p, row r (0..15), byte i (0..63): at
+ *            t (1024 pairs) + 1024 p + 64 r + i, low nibble c + 8 for depth 128 p + i, high nibble
+ *            c' + 8 for depth 128 p + 64 + i (c = 0 past the screen depth and in padding rows).
+ *            Unpacked, the nibbles of a pair are two row-major AMX A tiles, a row per document row.
  *   scales   float32[tiles x 16]: u''[k] = c[k] * scale (0 in padding lanes)
  *   errors   float32[tiles x 16]: upper bound on ||u - u''||_2 (-inf in padding lanes, so that no
  *            bound comes from them)

@@ -37,15 +37,18 @@ static void nk_amx_stored(int tile, void *base, int64_t stride) {
 
 static void nk_amx_zero(int tile) { memset(nk_amx_state.data[tile], 0, sizeof(nk_amx_state.data[tile])); }
 
-static void nk_amx_dpbsud(int c, int a, int b) {
+/* TDPB[SU][SU]D: bytes of A (signed when a_signed) times bytes of B (signed when b_signed). */
+static void nk_amx_dot(int c, int a, int b, int a_signed, int b_signed) {
     for (int m = 0; m < nk_amx_state.rows[c]; ++m)
         for (int n = 0; n < nk_amx_state.bytes_per_row[c] / 4; ++n) {
             uint32_t sum; /* wraps, as the hardware's 32-bit sums do */
             memcpy(&sum, &nk_amx_state.data[c][m][4 * n], 4);
             for (int k = 0; k < nk_amx_state.bytes_per_row[a] / 4; ++k)
-                for (int i = 0; i < 4; ++i)
-                    sum += (uint32_t)((int32_t)(int8_t)nk_amx_state.data[a][m][4 * k + i] *
-                                      (int32_t)nk_amx_state.data[b][k][4 * n + i]);
+                for (int i = 0; i < 4; ++i) {
+                    uint8_t x = nk_amx_state.data[a][m][4 * k + i], y = nk_amx_state.data[b][k][4 * n + i];
+                    sum += (uint32_t)((a_signed ? (int32_t)(int8_t)x : (int32_t)x) *
+                                      (b_signed ? (int32_t)(int8_t)y : (int32_t)y));
+                }
             memcpy(&nk_amx_state.data[c][m][4 * n], &sum, 4);
         }
 }
@@ -56,12 +59,14 @@ static void nk_amx_dpbsud(int c, int a, int b) {
 #undef _tile_stored
 #undef _tile_zero
 #undef _tile_dpbsud
+#undef _tile_dpbusd
 #undef _tile_release
 #define _tile_loadconfig(config) nk_amx_loadconfig(config)
 #define _tile_loadd(tile, base, stride) nk_amx_loadd(tile, base, stride)
 #define _tile_stored(tile, base, stride) nk_amx_stored(tile, base, stride)
 #define _tile_zero(tile) nk_amx_zero(tile)
-#define _tile_dpbsud(c, a, b) nk_amx_dpbsud(c, a, b)
+#define _tile_dpbsud(c, a, b) nk_amx_dot(c, a, b, 1, 0)
+#define _tile_dpbusd(c, a, b) nk_amx_dot(c, a, b, 0, 1)
 #define _tile_release() memset(&nk_amx_state, 0, sizeof(nk_amx_state))
 
 #endif /* NUMKONG_X86_AMX_EMULATION_H */

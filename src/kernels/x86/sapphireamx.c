@@ -515,12 +515,15 @@ static void nk_samx_configure(void) {
     _tile_loadconfig(&config);
 }
 
-/* ---- The prescreen pass of a top-k search (maxsim_internal.h): the query's first 32 rows against a
- * document's 4-bit copy, each 16-row tile's pair of 64-deep steps unpacked into two B tiles in L1;
- * the epilogue keeps only each row's largest u (no u stored, nothing tagged). ---- */
+/* ---- The prescreen pass of a top-k search (maxsim_internal.h): a document's 4-bit copy, each 16-row
+ * tile's pair of 64-deep steps unpacked into two A tiles in L1, against the query's first 32 rows as
+ * B tiles. The sums come out a document row per tile row, the query rows across it, so the epilogue
+ * keeps each query row's largest u in a register lane (no u stored, nothing tagged). ---- */
 
 typedef struct nk_samx_prescreen {
-    _Alignas(64) int8_t query_tiles[2][2 * NK_PRESCREEN_MAX_PAIRS * NK_SAMX_STEP_BYTES];
+    /* [half][step]: 16 lines of query rows 16 half .. + 15, line g the 4 depths 64 step + 4 g .. of each,
+     * signed (zero past the depth and the rows) */
+    _Alignas(64) int8_t query_tiles[2][2 * NK_PRESCREEN_MAX_PAIRS][16][64];
     nk_driver_group_t group;    /* the bound's constants, as the screening has them */
     int32_t bias[NK_SAMX_ROWS]; /* -8 x the row's sum of screen values: cancels the codes' +8 */
     uint64_t pairs;
@@ -529,17 +532,23 @@ _Static_assert(sizeof(nk_samx_prescreen_t) <= NK_PRESCREEN_STATE_BYTES, "the pre
 
 int nk_prescreen_prepare_sapphireamx(nk_maxsim_view_t const *q, void *state) {
     nk_samx_prescreen_t *p = (nk_samx_prescreen_t *)state;
-    uint64_t steps = (q->screen_depth / 4 + 15) / 16;
+    uint64_t groups = q->screen_depth / 4, steps = (groups + 15) / 16;
     if (nk_dtype_is_integer((int)q->dtype) || q->vectors == 0 || (steps + 1) / 2 > NK_PRESCREEN_MAX_PAIRS) return 0;
     uint64_t rows = q->vectors < NK_SAMX_ROWS ? q->vectors : NK_SAMX_ROWS;
     p->pairs = (steps + 1) / 2;
     nk_driver_group_init(q, 0, rows, &p->group);
     for (unsigned r = 0; r < NK_SAMX_ROWS; ++r)
         p->bias[r] = r < rows && (p->group.live >> r & 1) ? (int32_t)(0u - (uint32_t)q->screen_sums[r] * 8u) : 0;
-    /* Steps of 16 groups from group 0 (none end-aligned): groups past the depth are zero. */
-    nk_samx_depth_t depth = {q->screen_depth / 4, 2 * p->pairs, 0, 0};
-    for (unsigned half = 0; 16 * half < rows; ++half)
-        nk_samx_build_query_tiles(q, &depth, 16 * half, 0, depth.steps, p->query_tiles[half]);
+    /* The query's screen tile (lines of 4 n bytes, n rows) as B tiles of 16 lanes. */
+    memset(p->query_tiles, 0, sizeof(p->query_tiles));
+    for (uint64_t half = 0; 16 * half < rows; ++half) {
+        uint64_t n = q->vectors - 16 * half < 16 ? q->vectors - 16 * half : 16, lanes = rows - 16 * half;
+        uint8_t const *tile = q->screen + 16 * half * q->screen_depth;
+        for (uint64_t g = 0; g < groups; ++g)
+            for (uint64_t r = 0; r < (lanes < 16 ? lanes : 16); ++r)
+                for (unsigned b = 0; b < 4; ++b)
+                    p->query_tiles[half][g / 16][g % 16][4 * r + b] = (int8_t)(tile[g * 4 * n + 4 * r + b] ^ 0x80);
+    }
     return 1;
 }
 
@@ -547,16 +556,18 @@ double nk_prescreen_bound_sapphireamx(void const *state, nk_maxsim_view_t const 
                                       nk_prescreen_layout_t const *layout, nk_prefetch_stream_t prefetch) {
     nk_samx_prescreen_t const *p = (nk_samx_prescreen_t const *)state;
     _Alignas(64) uint8_t unpacked[2 * NK_SAMX_STEP_BYTES];
-    _Alignas(64) int32_t sums[2][16][16];
-    _Alignas(64) float top[NK_SAMX_ROWS][16];
+    _Alignas(64) int32_t sums[2][16][16]; /* [half][document row][query row] */
+    _Alignas(64) float largest[NK_SAMX_ROWS];
     uint64_t rows = p->group.rows, pairs = p->pairs;
     int both = rows > 16;
     uint8_t const *codes = document + layout->codes_offset;
     float const *scales = (float const *)(void const *)(document + layout->scales_offset);
     float const *errors = (float const *)(void const *)(document + layout->errors_offset);
     __m512i nibble = _mm512_set1_epi8(0x0F);
+    __m512i bias0 = _mm512_loadu_si512((void const *)p->bias), bias1 = _mm512_loadu_si512((void const *)(p->bias + 16));
+    __m512 growth0 = _mm512_loadu_ps(p->group.growth), growth1 = both ? _mm512_loadu_ps(p->group.growth + 16) : growth0;
+    __m512 top0 = _mm512_set1_ps(-INFINITY), top1 = top0;
     (void)d;
-    for (uint64_t r = 0; r < rows; ++r) _mm512_store_ps(top[r], _mm512_set1_ps(-INFINITY));
     nk_samx_configure();
     for (uint64_t t = 0; t < layout->tiles; ++t) {
         _tile_zero(0);
@@ -570,38 +581,40 @@ double nk_prescreen_bound_sapphireamx(void const *state, nk_maxsim_view_t const 
                                    _mm512_and_si512(_mm512_srli_epi16(x, 4), nibble));
             }
             if (t == 0 || pairs > 1) { /* one pair: the query tiles stay for the whole document */
-                _tile_loadd(2, p->query_tiles[0] + 2 * pair * NK_SAMX_STEP_BYTES, 64);
-                _tile_loadd(3, p->query_tiles[0] + (2 * pair + 1) * NK_SAMX_STEP_BYTES, 64);
+                _tile_loadd(4, p->query_tiles[0][2 * pair], 64);
+                _tile_loadd(5, p->query_tiles[0][2 * pair + 1], 64);
                 if (both) {
-                    _tile_loadd(4, p->query_tiles[1] + 2 * pair * NK_SAMX_STEP_BYTES, 64);
-                    _tile_loadd(5, p->query_tiles[1] + (2 * pair + 1) * NK_SAMX_STEP_BYTES, 64);
+                    _tile_loadd(6, p->query_tiles[1][2 * pair], 64);
+                    _tile_loadd(7, p->query_tiles[1][2 * pair + 1], 64);
                 }
             }
-            _tile_loadd(6, unpacked, 64);
-            _tile_loadd(7, unpacked + NK_SAMX_STEP_BYTES, 64);
-            _tile_dpbsud(0, 2, 6);
-            _tile_dpbsud(0, 3, 7);
+            _tile_loadd(2, unpacked, 64);
+            _tile_loadd(3, unpacked + NK_SAMX_STEP_BYTES, 64);
+            _tile_dpbusd(0, 2, 4);
+            _tile_dpbusd(0, 3, 5);
             if (both) {
-                _tile_dpbsud(1, 4, 6);
-                _tile_dpbsud(1, 5, 7);
+                _tile_dpbusd(1, 2, 6);
+                _tile_dpbusd(1, 3, 7);
             }
         }
         nk_prefetch_lines(&prefetch, 16 * pairs + 2); /* the next document's prescreen */
         _tile_stored(0, sums[0], 64);
         if (both) _tile_stored(1, sums[1], 64);
-        __m512 scale = _mm512_load_ps(scales + 16 * t), error = _mm512_load_ps(errors + 16 * t);
-        for (uint64_t r = 0; r < rows; ++r) {
-            __m512i sum = _mm512_add_epi32(_mm512_load_si512((void const *)sums[r >> 4][r & 15]),
-                                           _mm512_set1_epi32(p->bias[r]));
-            __m512 u = _mm512_fmadd_ps(_mm512_set1_ps(p->group.growth[r]), error,
-                                       _mm512_mul_ps(_mm512_cvtepi32_ps(sum), scale));
-            _mm512_store_ps(top[r], _mm512_max_ps(_mm512_load_ps(top[r]), u));
+        for (unsigned r = 0; r < 16; ++r) { /* padding rows: scale 0, error -inf, so u = -inf */
+            __m512 scale = _mm512_set1_ps(scales[16 * t + r]), error = _mm512_set1_ps(errors[16 * t + r]);
+            __m512 sum0 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_load_si512((void const *)sums[0][r]), bias0));
+            top0 = _mm512_max_ps(top0, _mm512_fmadd_ps(growth0, error, _mm512_mul_ps(sum0, scale)));
+            if (both) {
+                __m512 sum1 = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_load_si512((void const *)sums[1][r]), bias1));
+                top1 = _mm512_max_ps(top1, _mm512_fmadd_ps(growth1, error, _mm512_mul_ps(sum1, scale)));
+            }
         }
     }
     _tile_release();
-    double bound = 0.0; /* from each row's exact largest u */
-    for (unsigned r = 0; r < rows; ++r)
-        bound += nk_driver_row_bound(&p->group, r, _mm512_reduce_max_ps(_mm512_load_ps(top[r])));
+    _mm512_store_ps(largest, top0);
+    _mm512_store_ps(largest + 16, top1);
+    double bound = 0.0;
+    for (unsigned r = 0; r < rows; ++r) bound += nk_driver_row_bound(&p->group, r, largest[r]);
     return bound;
 }
 

@@ -29,8 +29,9 @@ extern "C" {
 /* Version of the packed corpus format (same rules). 3: documents first and the table after them
  * (a corpus can be written before its document count is known), and a checksum of everything after
  * the header. 4: each float-format document's packed matrix is followed by its prescreen, a 4-bit
- * copy of its screen that a top-k search reads first. */
-#define NK_CORPUS_FORMAT_VERSION 4u
+ * copy of its screen that a top-k search reads first. 5: the prescreen's codes row-major in each tile
+ * (format 4 had them in the screen's column layout). */
+#define NK_CORPUS_FORMAT_VERSION 5u
 
 /* Packing dtypes. The numeric codes are stored in packed buffers: never renumber. */
 typedef enum nk_dtype {
@@ -186,7 +187,7 @@ nk_status_t nk_maxsim_unpacked_f32(nk_maxsim_matrix_t const *query, float const 
                                    uint64_t capabilities, void *scratch, uint64_t scratch_bytes, double *scores);
 
 /* ---- Packed corpora: many documents of different lengths in one portable buffer. ----
- * Layout (format version 4): a 128-byte header; the documents, each a complete packed matrix (then,
+ * Layout (format version 5): a 128-byte header; the documents, each a complete packed matrix (then,
  * for the float formats, its prescreen) at a 64-byte aligned offset, in order, the first at byte 128; the table (one nk_corpus_entry_t per
  * document) at table_offset, the first aligned byte after the last document; zero padding to a
  * multiple of 64 bytes. The header holds a checksum (nk_checksum) of bytes [128, nbytes). Because
