@@ -580,10 +580,11 @@ static int nk_prescreen_tile(nk_maxsim_view_t const *d, uint64_t t, uint8_t *cod
                              uint64_t pairs, int check) {
     uint64_t groups = d->screen_depth / 4, n = d->vectors - 16 * t < 16 ? d->vectors - 16 * t : 16, line = 4 * n;
     uint8_t const *tile = d->screen + 16 * t * d->screen_depth;
-    uint8_t largest[64] = {0}, code[16][NK_PRESCREEN_MAX_PAIRS * 128]; /* per row, c + 8; 8 past the rows, depth */
+    uint8_t largest[64] = {0}, code[NK_PRESCREEN_MAX_PAIRS * 32][64]; /* c + 8, as the screen; 8 past rows, depth */
+    uint32_t rows[16][NK_PRESCREEN_MAX_PAIRS * 32];                   /* the same, a row's 4-depth words in order */
     uint16_t divisor[64] = {0}, inverse[64] = {0};
     uint32_t wrong[64] = {0}, squares[64] = {0}; /* sums of (v - m c)^2 and c^2 */
-    for (uint64_t r = 0; r < 16; ++r) memset(code[r], 8, (size_t)(128 * pairs));
+    memset(code, 8, (size_t)(32 * pairs * 64));
     for (uint64_t g = 0; g < groups; ++g)
         for (uint64_t i = 0; i < line; ++i) {
             int v = (int)tile[g * line + i] - 128;
@@ -605,12 +606,14 @@ static int nk_prescreen_tile(nk_maxsim_view_t const *d, uint64_t t, uint8_t *cod
             c = v < 0 ? -c : c;
             int gap = v - (int)divisor[i] * c;
             wrong[i] += (uint32_t)(gap * gap), squares[i] += (uint32_t)(c * c);
-            code[i / 4][4 * g + i % 4] = (uint8_t)(c + 8);
+            code[g][i] = (uint8_t)(c + 8);
         }
     int equal = 1;
+    for (uint64_t g = 0; g < 32 * pairs; ++g) /* a transpose of 4-byte words: stores stay contiguous above */
+        for (uint64_t r = 0; r < 16; ++r) memcpy(&rows[r][g], &code[g][4 * r], 4);
     for (uint64_t p = 0; p < pairs; ++p)
         for (uint64_t r = 0; r < 16; ++r) {
-            uint8_t const *low = code[r] + 128 * p, *high = low + 64;
+            uint8_t const *low = (uint8_t const *)rows[r] + 128 * p, *high = low + 64;
             uint8_t *out = codes + 1024 * p + 64 * r;
             uint8_t bytes[64];
             for (uint64_t i = 0; i < 64; ++i) bytes[i] = (uint8_t)(low[i] | high[i] << 4);
