@@ -224,33 +224,42 @@ typedef struct nk_pack_job {
     uint64_t bad_document, bad_row; /* where it happened (written by the thread that set status) */
 } nk_pack_job_t;
 
+/* Documents are claimed this many at a time: neighbours share the output's (huge) pages, and the
+ * thread that touches a page first clears all of it while another writing into it waits. */
+#define NK_PACK_CLAIM 64u
+
 static void *nk_pack_worker(void *argument) {
     nk_pack_job_t *job = (nk_pack_job_t *)argument;
     for (;;) {
-        uint64_t i = nk_atomic_fetch_add_u64(&job->next, 1);
-        if (i >= job->count) return NULL;
-        nk_corpus_entry_t entry = job->entries[i];
-        uint64_t nbytes, bad_row = 0;
-        nk_prescreen_layout_t layout;
-        nk_status_t status = nk_corpus_document_bytes(entry.vectors, job->depth, job->dtype, &nbytes, &layout);
-        if (status == nk_ok_k && (entry.offset < job->out_offset || entry.offset - job->out_offset > job->out_nbytes ||
-                                  nbytes > job->out_nbytes - (entry.offset - job->out_offset)))
-            status = nk_error_buffer_small_k;
-        char *document = job->out + (entry.offset - job->out_offset);
-        if (status == nk_ok_k)
-            status = nk_maxsim_pack(job->sources[i].rows, job->sources[i].dtype, job->sources[i].row_stride,
-                                    entry.vectors, job->depth, job->dtype, job->capabilities, document,
-                                    layout.codes_offset ? layout.codes_offset : nbytes, &bad_row);
-        if (status == nk_ok_k && layout.pairs) {
-            nk_maxsim_matrix_t matrix = {document, {entry.vectors, job->depth, layout.codes_offset,
-                                                    job->capabilities, (uint32_t)job->dtype}};
-            nk_maxsim_view_t view;
-            nk_maxsim_view_init(&matrix, &view);
-            nk_prescreen_build(&view, (uint8_t *)document, &layout, job->capabilities, 0);
-        }
-        if (status != nk_ok_k && nk_atomic_set_if_zero_i32(&job->status, (int)status)) {
-            job->bad_document = i, job->bad_row = bad_row;
-            nk_atomic_store_u64(&job->next, job->count); /* stop the others early */
+        uint64_t first = nk_atomic_fetch_add_u64(&job->next, NK_PACK_CLAIM);
+        if (first >= job->count) return NULL;
+        uint64_t end = job->count - first < NK_PACK_CLAIM ? job->count : first + NK_PACK_CLAIM;
+        for (uint64_t i = first; i < end; ++i) {
+            nk_corpus_entry_t entry = job->entries[i];
+            uint64_t nbytes, bad_row = 0;
+            nk_prescreen_layout_t layout;
+            nk_status_t status = nk_corpus_document_bytes(entry.vectors, job->depth, job->dtype, &nbytes, &layout);
+            if (status == nk_ok_k &&
+                (entry.offset < job->out_offset || entry.offset - job->out_offset > job->out_nbytes ||
+                 nbytes > job->out_nbytes - (entry.offset - job->out_offset)))
+                status = nk_error_buffer_small_k;
+            char *document = job->out + (entry.offset - job->out_offset);
+            if (status == nk_ok_k)
+                status = nk_maxsim_pack(job->sources[i].rows, job->sources[i].dtype, job->sources[i].row_stride,
+                                        entry.vectors, job->depth, job->dtype, job->capabilities, document,
+                                        layout.codes_offset ? layout.codes_offset : nbytes, &bad_row);
+            if (status == nk_ok_k && layout.pairs) {
+                nk_maxsim_matrix_t matrix = {document, {entry.vectors, job->depth, layout.codes_offset,
+                                                        job->capabilities, (uint32_t)job->dtype}};
+                nk_maxsim_view_t view;
+                nk_maxsim_view_init(&matrix, &view);
+                nk_prescreen_build(&view, (uint8_t *)document, &layout, job->capabilities, 0);
+            }
+            if (status != nk_ok_k) {
+                if (nk_atomic_set_if_zero_i32(&job->status, (int)status)) job->bad_document = i, job->bad_row = bad_row;
+                nk_atomic_store_u64(&job->next, job->count); /* stop the others early */
+                return NULL;
+            }
         }
     }
 }
