@@ -96,6 +96,27 @@ def test_more_queries_than_one_pass_takes(clustered_case):
     assert np.array_equal(indices, expected[0]) and np.array_equal(scores, expected[1])
 
 
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda c: c.name.lower())
+def test_top_k_beyond_the_documents_with_the_lowest_bounds(family):
+    """Near copies of one document: their scores differ by far less than the prescreen's quantization
+    moves their bounds, so the k + 32 documents with the lowest bounds (scored first on sapphireamx)
+    miss most of the k best, and the rest of the search, pruned by the caps those seeds set, must find
+    them."""
+    rng = np.random.default_rng(12)
+    base = rng.standard_normal((20, 64))
+    documents = [(base + 1e-3 * rng.standard_normal(base.shape)).astype(np.float32) for _ in range(300)]
+    documents += [rng.standard_normal((int(n), 64)).astype(np.float32) for n in rng.integers(3, 40, 100)]
+    corpus = nk.maxsim_pack_corpus(documents)
+    queries = [nk.maxsim_pack(base[rng.integers(0, 20, rows)] + 0.05 * rng.standard_normal((rows, 64)),
+                              dtype="float32") for rows in (8, 32, 40)]
+    full = nk.maxsim_packed_corpus(queries, corpus, capabilities=family)
+    for k in (1, 5, 20):
+        for threads in (1, 2):
+            indices, scores = nk.maxsim_packed_corpus(queries, corpus, top_k=k, threads=threads, capabilities=family)
+            expected = _expected(full, k)
+            assert np.array_equal(indices, expected[0]) and np.array_equal(scores, expected[1])
+
+
 def test_ties_go_to_the_lower_index():
     rng = np.random.default_rng(3)
     base = [rng.standard_normal((5, 32)).astype(np.float32) for _ in range(6)]
