@@ -683,8 +683,8 @@ static void *nk_top_k_bound_worker(void *argument) {
         for (uint64_t i = 0; i < job->query_count; ++i)
             job->bounds[i * documents + walk.document] =
                 job->ready[i] && document->prescreen.pairs
-                    ? job->prescreen->bound(job->states + i * NK_PRESCREEN_STATE_BYTES, &document->view,
-                                            document->bytes, &document->prescreen, document->view.next)
+                    ? job->prescreen->bound(job->states + i * NK_PRESCREEN_STATE_BYTES, document->bytes,
+                                            &document->prescreen, document->view.next)
                     : 0.0;
     }
     return NULL;

@@ -219,17 +219,17 @@ double nk_maxsim_sve(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 /* A family's prescreen pass for top-k (the layout above): `prepare` turns the first group of up to 32
  * rows of a query into `state` (NK_PRESCREEN_STATE_BYTES, 64-byte aligned) and says whether it can
  * (0: no prescreen for this query); `bound` returns a lower bound on maxsim(q, d) from the prescreen
- * of the document whose bytes start at `document` (the sum over the prepared rows of their screening
- * bounds; the other rows add at least 0), taking lines of `prefetch` as it goes. */
+ * of the document d whose bytes start at `document` (the sum over the prepared rows of their
+ * screening bounds; the other rows add at least 0), taking lines of `prefetch` as it goes. */
 typedef struct nk_prescreen_ops {
     int (*prepare)(nk_maxsim_view_t const *q, void *state);
-    double (*bound)(void const *state, nk_maxsim_view_t const *d, uint8_t const *document,
-                    nk_prescreen_layout_t const *layout, nk_prefetch_stream_t prefetch);
+    double (*bound)(void const *state, uint8_t const *document, nk_prescreen_layout_t const *layout,
+                    nk_prefetch_stream_t prefetch);
 } nk_prescreen_ops_t;
 
 int nk_prescreen_prepare_sapphireamx(nk_maxsim_view_t const *q, void *state);
-double nk_prescreen_bound_sapphireamx(void const *state, nk_maxsim_view_t const *d, uint8_t const *document,
-                                      nk_prescreen_layout_t const *layout, nk_prefetch_stream_t prefetch);
+double nk_prescreen_bound_sapphireamx(void const *state, uint8_t const *document, nk_prescreen_layout_t const *layout,
+                                      nk_prefetch_stream_t prefetch);
 
 /* The prescreen pass of the family nk_maxsim_kernel_for picks, or NULL when it has none. */
 nk_prescreen_ops_t const *nk_prescreen_for(uint64_t capabilities, uint64_t depth);
@@ -416,6 +416,12 @@ static inline double nk_decode(int dtype, void const *row, uint64_t k) {
     case nk_dtype_e3m2_k: return nk_half_to_f32(nk_e3m2_to_half_bits(((uint8_t const *)row)[k])) * nk_e3m2_half_scale_k;
     default: return 0.0;
     }
+}
+
+/* The smallest float32 at or above x (x >= 0, finite): a proven error bound stays proven. */
+static inline float nk_f32_at_least(double x) {
+    float f = (float)x;
+    return (double)f < x ? nextafterf(f, INFINITY) : f;
 }
 
 /* The largest float32 not above x (x not NaN): a threshold derived from an exact cosine never rounds

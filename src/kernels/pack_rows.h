@@ -568,12 +568,6 @@ static nk_status_t nk_pack_float_row(nk_maxsim_header_t const *h, char *base, ui
 
 /* ---- The prescreen of a corpus document (maxsim_internal.h), from its screen alone. ---- */
 
-/* The smallest float32 at or above x (x >= 0, finite). */
-static float nk_f32_at_least(double x) {
-    float f = (float)x;
-    return (double)f < x ? nextafterf(f, INFINITY) : f;
-}
-
 /* Tile t of d's prescreen, written or (check) compared: 1 when equal. The screen tile holds one line of
  * 4 n bytes per 4-depth group (n rows); a byte's lane is its position / 4 in the line. */
 static int nk_prescreen_tile(nk_maxsim_view_t const *d, uint64_t t, uint8_t *codes, float *scales, float *errors,

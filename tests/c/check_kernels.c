@@ -12,7 +12,7 @@
 #ifdef NK_AMX_EMULATE /* the AMX family with its tile instructions in C (tests/c/run.sh) */
 double nk_maxsim_sapphireamx_emulated(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d);
 int nk_prescreen_prepare_sapphireamx_emulated(nk_maxsim_view_t const *q, void *state);
-double nk_prescreen_bound_sapphireamx_emulated(void const *state, nk_maxsim_view_t const *d, uint8_t const *document,
+double nk_prescreen_bound_sapphireamx_emulated(void const *state, uint8_t const *document,
                                                nk_prescreen_layout_t const *layout, nk_prefetch_stream_t prefetch);
 #endif
 
@@ -83,9 +83,10 @@ static size_t prescreen_count;
 
 static void find_prescreens(uint64_t available) {
 #ifdef NK_HAVE_SAPPHIREAMX
-    if (available & nk_cap_sapphireamx_k)
-        prescreens[prescreen_count] = (nk_prescreen_ops_t){nk_prescreen_prepare_sapphireamx, nk_prescreen_bound_sapphireamx},
+    if (available & nk_cap_sapphireamx_k) {
+        prescreens[prescreen_count] = (nk_prescreen_ops_t){nk_prescreen_prepare_sapphireamx, nk_prescreen_bound_sapphireamx};
         prescreen_names[prescreen_count++] = "sapphireamx";
+    }
 #endif
 #ifdef NK_AMX_EMULATE
     prescreens[prescreen_count] =
@@ -122,7 +123,7 @@ static int check_prescreens(void const *q, void const *d, uint64_t nq, uint64_t 
         ++*checks;
         scrub_stack();
         double bound = prescreens[p].prepare(&qv, state)
-                           ? prescreens[p].bound(state, &dv, document, &layout, nk_prefetch_stream(NULL, 0, NULL, 0))
+                           ? prescreens[p].bound(state, document, &layout, nk_prefetch_stream(NULL, 0, NULL, 0))
                            : NAN;
         /* the prescreen bounds the first 32 query rows */
         int tight_enough = kind != kind_random || depth < 16 || nq < 5 ||

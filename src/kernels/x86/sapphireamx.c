@@ -552,8 +552,8 @@ int nk_prescreen_prepare_sapphireamx(nk_maxsim_view_t const *q, void *state) {
     return 1;
 }
 
-double nk_prescreen_bound_sapphireamx(void const *state, nk_maxsim_view_t const *d, uint8_t const *document,
-                                      nk_prescreen_layout_t const *layout, nk_prefetch_stream_t prefetch) {
+double nk_prescreen_bound_sapphireamx(void const *state, uint8_t const *document, nk_prescreen_layout_t const *layout,
+                                      nk_prefetch_stream_t prefetch) {
     nk_samx_prescreen_t const *p = (nk_samx_prescreen_t const *)state;
     _Alignas(64) uint8_t unpacked[2 * NK_SAMX_STEP_BYTES];
     _Alignas(64) int32_t sums[2][16][16]; /* [half][document row][query row] */
@@ -567,7 +567,6 @@ double nk_prescreen_bound_sapphireamx(void const *state, nk_maxsim_view_t const 
     __m512i bias0 = _mm512_loadu_si512((void const *)p->bias), bias1 = _mm512_loadu_si512((void const *)(p->bias + 16));
     __m512 growth0 = _mm512_loadu_ps(p->group.growth), growth1 = both ? _mm512_loadu_ps(p->group.growth + 16) : growth0;
     __m512 top0 = _mm512_set1_ps(-INFINITY), top1 = top0;
-    (void)d;
     nk_samx_configure();
     for (uint64_t t = 0; t < layout->tiles; ++t) {
         _tile_zero(0);
