@@ -539,15 +539,16 @@ int nk_prescreen_prepare_sapphireamx(nk_maxsim_view_t const *q, void *state) {
     nk_driver_group_init(q, 0, rows, &p->group);
     for (unsigned r = 0; r < NK_SAMX_ROWS; ++r)
         p->bias[r] = r < rows && (p->group.live >> r & 1) ? (int32_t)(0u - (uint32_t)q->screen_sums[r] * 8u) : 0;
-    /* The query's screen tile (lines of 4 n bytes, n rows) as B tiles of 16 lanes. */
-    memset(p->query_tiles, 0, sizeof(p->query_tiles));
+    /* The query's screen tiles as B tiles of 16 lanes (nk_samx_copy_doc_tile pads with byte 0x80), then
+     * signed: 0x80 becomes 0. */
+    __m512i flip = _mm512_set1_epi32((int)0x80808080u);
     for (uint64_t half = 0; 16 * half < rows; ++half) {
-        uint64_t n = q->vectors - 16 * half < 16 ? q->vectors - 16 * half : 16, lanes = rows - 16 * half;
-        uint8_t const *tile = q->screen + 16 * half * q->screen_depth;
-        for (uint64_t g = 0; g < groups; ++g)
-            for (uint64_t r = 0; r < (lanes < 16 ? lanes : 16); ++r)
-                for (unsigned b = 0; b < 4; ++b)
-                    p->query_tiles[half][g / 16][g % 16][4 * r + b] = (int8_t)(tile[g * 4 * n + 4 * r + b] ^ 0x80);
+        uint8_t *lines = (uint8_t *)p->query_tiles[half];
+        nk_samx_copy_doc_tile(q, half, 0, 32 * p->pairs, lines);
+        for (uint64_t at = 0; at < 64 * 32 * p->pairs; at += 64) {
+            __m512i line = _mm512_load_si512((void const *)(lines + at));
+            _mm512_store_si512((void *)(lines + at), _mm512_xor_si512(line, flip));
+        }
     }
     return 1;
 }
