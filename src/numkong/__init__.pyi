@@ -15,6 +15,9 @@ _IntegerTypeName = Literal["int8", "int4", "uint1"]  # exact integer packings (a
 _MiniFloatType = type
 _ComplexTypeName = Literal["complex32", "complex64", "complex128"]
 _BufferType = Any  # anything with the buffer protocol, __array_interface__ or __array__
+_DTypeArg = Union[_FloatTypeName, _IntegerTypeName, _MiniFloatType, None]  # None: the input's own type
+_CapabilitiesArg = Union["Capability", int, None]
+_StreamArg = Union[int, None]
 
 bfloat16: type
 float16: type[np.float16]
@@ -104,7 +107,7 @@ class MaxSimCorpusWriter:
         self,
         path: Union[str, os.PathLike[str]],
         *,
-        dtype: Union[_FloatTypeName, _IntegerTypeName, _MiniFloatType, None] = None,
+        dtype: _DTypeArg = None,
         threads: Union[int, None] = None,
         capabilities: Union[Capability, int, None] = None,
         progress: Any = None,
@@ -130,40 +133,33 @@ def get_include() -> str: ...
 def maxsim_pack(
     b: _BufferType,
     /,
-    dtype: Union[_FloatTypeName, _IntegerTypeName, _MiniFloatType, None] = None,
-    *,
-    capabilities: Union[Capability, int, None] = ...,
-    stream: Union[int, None] = ...,
+    dtype: _DTypeArg = None,
+    *, capabilities: _CapabilitiesArg = ..., stream: _StreamArg = ...,
 ) -> MaxSimPackedMatrix: ...
 def maxsim_packed(
     queries: MaxSimPackedMatrix,
     documents: MaxSimPackedMatrix,
     /,
-    *,
-    capabilities: Union[Capability, int, None] = ...,
-    stream: Union[int, None] = ...,
+    *, capabilities: _CapabilitiesArg = ..., stream: _StreamArg = ...,
 ) -> float: ...
 def maxsim(
     queries: _BufferType,
     documents: _BufferType,
     /,
-    dtype: Union[_FloatTypeName, _IntegerTypeName, _MiniFloatType, None] = None,
-    *,
-    capabilities: Union[Capability, int, None] = ...,
-    stream: Union[int, None] = ...,
+    dtype: _DTypeArg = None,
+    *, capabilities: _CapabilitiesArg = ..., stream: _StreamArg = ...,
 ) -> float: ...
 def maxsim_pack_corpus(
     documents: Union[Sequence[_BufferType], _BufferType],
     /,
-    dtype: Union[_FloatTypeName, _IntegerTypeName, _MiniFloatType, None] = None,
+    dtype: _DTypeArg = None,
     *,
     offsets: Union[Sequence[int], npt.NDArray[np.integer[Any]], None] = None,
     lengths: Union[Sequence[int], npt.NDArray[np.integer[Any]], None] = None,
     mask: Union[_BufferType, None] = None,
     threads: Union[int, None] = None,
     progress: Any = None,
-    capabilities: Union[Capability, int, None] = ...,
-    stream: Union[int, None] = ...,
+    capabilities: _CapabilitiesArg = ..., stream: _StreamArg = ...,
 ) -> MaxSimPackedCorpus: ...
 @overload
 def maxsim_packed_corpus(
@@ -173,8 +169,7 @@ def maxsim_packed_corpus(
     *,
     top_k: None = None,
     threads: Union[int, None] = None,
-    capabilities: Union[Capability, int, None] = ...,
-    stream: Union[int, None] = ...,
+    capabilities: _CapabilitiesArg = ..., stream: _StreamArg = ...,
 ) -> npt.NDArray[np.float64]: ...
 @overload
 def maxsim_packed_corpus(
@@ -184,6 +179,5 @@ def maxsim_packed_corpus(
     *,
     top_k: int,
     threads: Union[int, None] = None,
-    capabilities: Union[Capability, int, None] = ...,
-    stream: Union[int, None] = ...,
+    capabilities: _CapabilitiesArg = ..., stream: _StreamArg = ...,
 ) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]: ...
