@@ -27,6 +27,9 @@
  *   NK_DRIVER_STRIDE     optional: floats from one row of u to the next (a multiple of 16, at least
  *                        NK_DRIVER_BLOCK; default NK_DRIVER_BLOCK). A family whose screening stores
  *                        u a column at a time pads it so that the rows do not share cache sets.
+ *   nk_family_stride(docs)  optional: the stride for a block of `docs` documents instead (a multiple
+ *                        of 16, at least docs, at most NK_DRIVER_STRIDE), so that a small block's
+ *                        rows of u lie close together.
  *   nk_family_query_t    the family's prepared form of one group's screening bytes
  *   void nk_family_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t first,
  *                          uint64_t rows, nk_family_query_t *query)
@@ -35,8 +38,8 @@
  *                         nk_maxsim_view_t const *d, uint64_t first_doc, uint64_t docs, float *u, int32_t *top,
  *                         nk_prefetch_stream_t *prefetch)
  *       Step 1 for documents [first_doc, first_doc + docs) (first_doc a multiple of NK_DRIVER_BLOCK):
- *       u[r * NK_DRIVER_STRIDE + j] for r < rows, j < docs, with b_r = growth[r], and -inf for
- *       docs <= j < docs rounded up to 16; top[r] in [0, docs), or -1 when the row has no finite u,
+ *       u[r * stride + j] (stride = nk_family_stride(docs)) for r < rows, j < docs, with b_r = growth[r],
+ *       and -inf for docs <= j < docs rounded up to 16; top[r] in [0, docs), or -1 when the row has no finite u,
  *       naming a u at most 2^-16 |u| below the row's largest (what tagging a u's low 6 mantissa bits
  *       with its tile loses); the driver bounds the row from it. The family may use u as scratch until
  *       it returns. Its screening loop takes a line of `prefetch` (the next document) per step.
@@ -72,6 +75,9 @@
 
 #ifndef NK_DRIVER_STRIDE
 #define NK_DRIVER_STRIDE NK_DRIVER_BLOCK
+#endif
+#ifndef nk_family_stride
+#define nk_family_stride(docs) ((void)(docs), (uint64_t)NK_DRIVER_STRIDE)
 #endif
 #ifndef NK_FAMILY_F32_CHECKS
 #define NK_FAMILY_F32_CHECKS 0
@@ -311,7 +317,7 @@ NK_INLINE unsigned nk_driver_scan(float const *row_u, uint64_t *tile, uint64_t t
 static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, nk_driver_group_t *g,
                                  uint64_t first_doc, uint64_t docs, float *u, int32_t const *top,
                                  nk_driver_lists_t *lists, double *decoded_row) {
-    uint64_t tiles = (docs + NK_SCREEN_TILE - 1) / NK_SCREEN_TILE;
+    uint64_t tiles = (docs + NK_SCREEN_TILE - 1) / NK_SCREEN_TILE, stride = nk_family_stride(docs);
     nk_driver_batch_t batch;
     batch.n = 0;
     /* Step 2: each row's named top first, from a threshold of its best exact cosine so far. A row
@@ -327,7 +333,7 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
             scan |= 1u << r;
             continue;
         }
-        float *at = u + (uint64_t)r * NK_DRIVER_STRIDE + (uint64_t)top[r];
+        float *at = u + (uint64_t)r * stride + (uint64_t)top[r];
         if (!(*at >= g->cut[r])) {
             if (!(nk_driver_largest_u(*at) < (double)g->cut[r])) scan |= 1u << r;
             continue;
@@ -346,7 +352,7 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
         checked_against[r] = -INFINITY;
         if (!(scan >> r & 1)) continue;
         lists->next_tile[r] = 0;
-        lists->count[r] = nk_driver_scan(u + (uint64_t)r * NK_DRIVER_STRIDE, &lists->next_tile[r], tiles, g->cut[r],
+        lists->count[r] = nk_driver_scan(u + (uint64_t)r * stride, &lists->next_tile[r], tiles, g->cut[r],
                                          lists->u[r], lists->doc[r], NK_DRIVER_LIST);
         if (!lists->count[r]) continue;
         active[live++] = r;
@@ -399,7 +405,7 @@ static void nk_driver_candidates(nk_maxsim_view_t const *q, nk_maxsim_view_t con
         }
 #endif
         while (lists->next_tile[r] < tiles) {
-            lists->count[r] = nk_driver_scan(u + (uint64_t)r * NK_DRIVER_STRIDE, &lists->next_tile[r], tiles,
+            lists->count[r] = nk_driver_scan(u + (uint64_t)r * stride, &lists->next_tile[r], tiles,
                                              g->cut[r], lists->u[r], lists->doc[r], NK_DRIVER_LIST);
             nk_driver_drain(q, d, g, lists, r, first_doc, decoded);
         }
@@ -416,13 +422,14 @@ static inline double nk_driver_row_bound(nk_driver_group_t const *g, unsigned r,
 }
 
 /* A lower bound on the distances of a group's rows from one block of screening bounds that covers all
- * of the documents: the margin of nk_driver_largest_u covers how far below the row's largest u its
+ * `docs` documents: the margin of nk_driver_largest_u covers how far below the row's largest u its
  * named top may be; a row without a finite u bounds nothing. */
-static double nk_driver_screened_bound(nk_driver_group_t const *g, float const *u, int32_t const *top) {
+static double nk_driver_screened_bound(nk_driver_group_t const *g, uint64_t docs, float const *u, int32_t const *top) {
+    uint64_t stride = nk_family_stride(docs);
     double bound = 0.0;
     for (unsigned r = 0; r < g->rows; ++r)
         bound += nk_driver_row_bound(
-            g, r, top[r] < 0 ? INFINITY : nk_driver_largest_u(u[(uint64_t)r * NK_DRIVER_STRIDE + (uint64_t)top[r]]));
+            g, r, top[r] < 0 ? INFINITY : nk_driver_largest_u(u[(uint64_t)r * stride + (uint64_t)top[r]]));
     return bound;
 }
 
@@ -443,7 +450,7 @@ static double nk_driver_bound_pass(nk_maxsim_view_t const *q, nk_maxsim_view_t c
         else {
             nk_family_prepare(q, d, first, rows, query);
             nk_family_screen(query, group->growth, rows, d, 0, d->vectors, u, top, prefetch);
-            bound += nk_driver_screened_bound(group, u, top);
+            bound += nk_driver_screened_bound(group, d->vectors, u, top);
         }
         if (bound > q->stop_above) return bound;
     }

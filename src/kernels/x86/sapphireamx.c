@@ -8,7 +8,7 @@
  * screen_sums while it turns the sums into u (driver.h) in place. A group is 32 query rows: with the
  * whole depth in one pass, both query tiles share every document tile load (the pair form).
  *
- * Stack (beside the driver's 64 KB of u): 24 KB of A tiles, 13 KB padded copy of the last document
+ * Stack (beside the driver's 133 KB of u): 24 KB of A tiles, 13 KB padded copy of the last document
  * tile. Nothing is allocated. Built with NK_AMX_EMULATE (tests/c), the tile instructions are C
  * functions (amx_emulation.h), so CPUs without AMX check this family's logic too.
  */
@@ -22,17 +22,27 @@
 #include "maxsim_internal.h"
 
 #define NK_SAMX_ROWS 32u           /* query rows per group: two query tiles */
-#define NK_SAMX_BLOCK_DOCS 512u    /* document rows per block (a multiple of 64) */
-/* Floats from one row of u to the next. A tile store writes a column of 16 rows, which 2 KB apart
- * would share two L1 sets: 32x1024x128 float32 took 13.6 us so, 10.2 us with 64 bytes more. */
+/* Document rows per block (a multiple of 64, at most 64 tiles for the tags). 1024 against 512: one
+ * block's tops and scan instead of two, 1024x1024x128 float32 1.08x, 32x1024x128 1.03x (A/B). */
+#define NK_SAMX_BLOCK_DOCS 1024u
+/* The most floats from one row of u to the next (nk_samx_stride). */
 #define NK_SAMX_STRIDE (NK_SAMX_BLOCK_DOCS + 16u)
-#define NK_SAMX_ROW_BYTES (4u * NK_SAMX_STRIDE)
 #define NK_SAMX_CHUNK_STEPS 12u    /* 64-deep steps per pass over the A buffer: depth 768 in one pass */
 #define NK_SAMX_STEP_BYTES 1024u   /* one 16 x 64-byte tile */
 /* driver.h's group of query rows and block of documents */
 #define NK_DRIVER_ROWS NK_SAMX_ROWS
 #define NK_DRIVER_BLOCK NK_SAMX_BLOCK_DOCS
 #define NK_DRIVER_STRIDE NK_SAMX_STRIDE
+
+/* Floats from one row of u to the next for a block of `docs` documents: the block's tiles and an odd
+ * count of 64-byte lines in all. A tile store writes a column of 16 rows, which 2 KB apart would share
+ * two L1 sets (32x1024x128 float32 took 13.6 us so, 10.2 us with 64 bytes more); an odd count of lines
+ * puts the 16 in 16 sets. Small blocks keep their rows close: the 1024-document stride for 180
+ * documents made 32x180x128 0.94-0.97x as fast (A/B). */
+static inline uint64_t nk_samx_stride(uint64_t docs) {
+    return 16 * (((docs + 15) / 16 + 1) | 1);
+}
+#define nk_family_stride nk_samx_stride
 
 /* LDTILECFG's 64-byte operand, palette 1. */
 typedef struct nk_samx_tile_config {
@@ -142,18 +152,19 @@ static void nk_samx_copy_doc_tile(nk_maxsim_view_t const *d, uint64_t t, int64_t
  * 4 and 5 hold the query tile of even and odd steps, 6 and 7 take turns with the document tiles. */
 
 /* Start the DT (1..4, compile-time) accumulators from `init` (int32 partial sums, tile t at
- * init + 16 t, rows NK_SAMX_ROW_BYTES apart: the driver's u) or from zero, then run `steps`
+ * init + 16 t, rows `row_bytes` apart: the driver's u) or from zero, then run `steps`
  * 64-deep steps. Document tile t's step s is at
  * doc[t] + 1024 s, except the last, which `tail_back` bytes earlier is end-aligned; the query tile's
  * is at a_tiles + 1024 s. With `stationary` the query tiles are already in registers 4 and 5 (at
  * most two steps). */
 NK_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *const doc[4], uint64_t steps,
-                                      uint64_t tail_back, int32_t const *init, int stationary, int const DT) {
+                                      uint64_t tail_back, int32_t const *init, uint64_t row_bytes, int stationary,
+                                      int const DT) {
     if (init) {
-        _tile_loadd(0, init, NK_SAMX_ROW_BYTES);
-        if (DT > 1) _tile_loadd(1, init + 16, NK_SAMX_ROW_BYTES);
-        if (DT > 2) _tile_loadd(2, init + 32, NK_SAMX_ROW_BYTES);
-        if (DT > 3) _tile_loadd(3, init + 48, NK_SAMX_ROW_BYTES);
+        _tile_loadd(0, init, row_bytes);
+        if (DT > 1) _tile_loadd(1, init + 16, row_bytes);
+        if (DT > 2) _tile_loadd(2, init + 32, row_bytes);
+        if (DT > 3) _tile_loadd(3, init + 48, row_bytes);
     } else {
         _tile_zero(0);
         if (DT > 1) _tile_zero(1);
@@ -208,12 +219,12 @@ NK_INLINE void nk_samx_quad_dots(int8_t const *a_tiles, uint8_t const *const doc
 #undef NK_SAMX_ONE_STEP
 }
 
-/* Store the DT accumulators into u: tile t at out + 16 t, rows NK_SAMX_ROW_BYTES apart. */
-NK_INLINE void nk_samx_quad_store(int32_t *out, int const DT) {
-    _tile_stored(0, out, NK_SAMX_ROW_BYTES);
-    if (DT > 1) _tile_stored(1, out + 16, NK_SAMX_ROW_BYTES);
-    if (DT > 2) _tile_stored(2, out + 32, NK_SAMX_ROW_BYTES);
-    if (DT > 3) _tile_stored(3, out + 48, NK_SAMX_ROW_BYTES);
+/* Store the DT accumulators into u: tile t at out + 16 t, rows `row_bytes` apart. */
+NK_INLINE void nk_samx_quad_store(int32_t *out, uint64_t row_bytes, int const DT) {
+    _tile_stored(0, out, row_bytes);
+    if (DT > 1) _tile_stored(1, out + 16, row_bytes);
+    if (DT > 2) _tile_stored(2, out + 32, row_bytes);
+    if (DT > 3) _tile_stored(3, out + 48, row_bytes);
 }
 
 /* A query group's screening state: up to two query tiles of A operands and what the epilogue needs. */
@@ -231,11 +242,12 @@ typedef struct nk_samx_group {
 #define nk_family_query_t nk_samx_group_t
 
 /* Turn the biased sums of query rows [row0, row0 + rows) against tiles [t, t + DT) (DT 1..4,
- * compile-time; all lanes present but the last tile's `last_lanes`) into u in place, raising the
+ * compile-time; all lanes present but the last tile's `last_lanes`; rows `stride` floats apart) into u
+ * in place, raising the
  * tagged per-lane maxima of u. */
-NK_INLINE void nk_samx_quad_epilogue(float *u, uint64_t row0, uint64_t rows, uint64_t t, float const *scales_d,
-                                     float const *errors_d, __mmask16 last_lanes, float const *growth,
-                                     nk_samx_group_t *group, int const DT) {
+NK_INLINE void nk_samx_quad_epilogue(float *u, uint64_t stride, uint64_t row0, uint64_t rows, uint64_t t,
+                                     float const *scales_d, float const *errors_d, __mmask16 last_lanes,
+                                     float const *growth, nk_samx_group_t *group, int const DT) {
     __m512 scale[4], error[4];
     __mmask16 lanes[4];
     __m512 minus_infinity = _mm512_set1_ps(-INFINITY);
@@ -250,7 +262,7 @@ NK_INLINE void nk_samx_quad_epilogue(float *u, uint64_t row0, uint64_t rows, uin
         __m512i bias = _mm512_set1_epi32(group->bias[r]);
 #pragma GCC unroll 4
         for (int k = 0; k < DT; ++k) {
-            float *at = u + r * NK_SAMX_STRIDE + 16 * (t + (uint64_t)k);
+            float *at = u + r * stride + 16 * (t + (uint64_t)k);
             __m512i sums = _mm512_load_si512((void const *)at);
             __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sums, bias)), scale[k]);
             __m512 upper = _mm512_fmadd_ps(b, error[k], p);
@@ -264,19 +276,19 @@ NK_INLINE void nk_samx_quad_epilogue(float *u, uint64_t row0, uint64_t rows, uin
 /* The epilogue over a whole block for query rows [row0, row0 + rows). */
 static void nk_samx_finish(nk_samx_group_t *group, nk_maxsim_view_t const *d, uint64_t row0, uint64_t rows,
                            uint64_t first_doc, uint64_t docs, float const *growth, float *u) {
-    uint64_t tiles = (docs + 15) / 16, partial = docs % 16;
+    uint64_t tiles = (docs + 15) / 16, partial = docs % 16, stride = nk_samx_stride(docs);
     __mmask16 last_lanes = partial ? (__mmask16)((1u << partial) - 1u) : (__mmask16)0xFFFF;
     float const *scales_d = d->screen_scales + first_doc, *errors_d = d->screen_errors + first_doc;
     for (uint64_t t = 0; t < tiles; t += 4) {
         float const *scales = scales_d + 16 * t, *errors = errors_d + 16 * t;
         switch (tiles - t < 4 ? tiles - t : 4) {
         case 4:
-            nk_samx_quad_epilogue(u, row0, rows, t, scales, errors, t + 4 == tiles ? last_lanes : 0xFFFF, growth, group,
-                                  4);
+            nk_samx_quad_epilogue(u, stride, row0, rows, t, scales, errors, t + 4 == tiles ? last_lanes : 0xFFFF,
+                                  growth, group, 4);
             break;
-        case 3: nk_samx_quad_epilogue(u, row0, rows, t, scales, errors, last_lanes, growth, group, 3); break;
-        case 2: nk_samx_quad_epilogue(u, row0, rows, t, scales, errors, last_lanes, growth, group, 2); break;
-        default: nk_samx_quad_epilogue(u, row0, rows, t, scales, errors, last_lanes, growth, group, 1); break;
+        case 3: nk_samx_quad_epilogue(u, stride, row0, rows, t, scales, errors, last_lanes, growth, group, 3); break;
+        case 2: nk_samx_quad_epilogue(u, stride, row0, rows, t, scales, errors, last_lanes, growth, group, 2); break;
+        default: nk_samx_quad_epilogue(u, stride, row0, rows, t, scales, errors, last_lanes, growth, group, 1); break;
         }
     }
 }
@@ -293,7 +305,8 @@ static void nk_samx_dots_block(nk_samx_group_t *group, nk_maxsim_view_t const *d
     uint64_t direct_tiles = last_is_copy ? tiles - 1 : tiles;
     uint8_t const *block = d->screen + first_doc * d->screen_depth;
     int8_t *query_tiles = group->query_tiles[half];
-    int32_t *sums = (int32_t *)(void *)(u + 16 * half * NK_SAMX_STRIDE);
+    uint64_t stride = nk_samx_stride(docs), row_bytes = 4 * stride;
+    int32_t *sums = (int32_t *)(void *)(u + 16 * half * stride);
     for (uint64_t step0 = 0; step0 < total_steps; step0 += NK_SAMX_CHUNK_STEPS) {
         uint64_t steps = total_steps - step0 < NK_SAMX_CHUNK_STEPS ? total_steps - step0 : NK_SAMX_CHUNK_STEPS;
         int accumulate = step0 != 0, finish = step0 + steps == total_steps;
@@ -331,10 +344,22 @@ static void nk_samx_dots_block(nk_samx_group_t *group, nk_maxsim_view_t const *d
             int32_t const *init = accumulate ? out : NULL;
             nk_prefetch_lines(prefetch, 16 * steps); /* the next document: a line per depth group screened */
             switch (quad) {
-            case 4: nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, stationary, 4); nk_samx_quad_store(out, 4); break;
-            case 3: nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, stationary, 3); nk_samx_quad_store(out, 3); break;
-            case 2: nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, stationary, 2); nk_samx_quad_store(out, 2); break;
-            default: nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, stationary, 1); nk_samx_quad_store(out, 1); break;
+            case 4:
+                nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, row_bytes, stationary, 4);
+                nk_samx_quad_store(out, row_bytes, 4);
+                break;
+            case 3:
+                nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, row_bytes, stationary, 3);
+                nk_samx_quad_store(out, row_bytes, 3);
+                break;
+            case 2:
+                nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, row_bytes, stationary, 2);
+                nk_samx_quad_store(out, row_bytes, 2);
+                break;
+            default:
+                nk_samx_quad_dots(query_tiles, doc, steps, tail_back, init, row_bytes, stationary, 1);
+                nk_samx_quad_store(out, row_bytes, 1);
+                break;
             }
         }
     }
@@ -376,21 +401,22 @@ static void nk_samx_dots_block_pair(nk_samx_group_t *group, nk_maxsim_view_t con
     uint64_t direct_tiles = first_doc + docs == d->vectors && docs % 16 ? tiles - 1 : tiles;
     uint64_t tail_back = 64 * depth.pad;
     uint8_t const *block = d->screen + first_doc * d->screen_depth;
-    int32_t *sums0 = (int32_t *)(void *)u, *sums1 = sums0 + 16 * NK_SAMX_STRIDE;
+    uint64_t stride = nk_samx_stride(docs), row_bytes = 4 * stride;
+    int32_t *sums0 = (int32_t *)(void *)u, *sums1 = sums0 + 16 * stride;
     for (uint64_t t = 0; t < tiles; t += 2) {
         uint8_t const *doc[2];
         for (unsigned k = 0; k < 2; ++k) doc[k] = t + k < direct_tiles ? block + (t + k) * tile_bytes : group->last_tile;
         nk_prefetch_lines(prefetch, 16 * depth.steps); /* the next document: a line per depth group screened */
         if (t + 1 < tiles) {
             nk_samx_pair_dots(group->query_tiles[0], group->query_tiles[1], doc, depth.steps, tail_back, 2);
-            _tile_stored(0, sums0 + 16 * t, NK_SAMX_ROW_BYTES);
-            _tile_stored(1, sums0 + 16 * t + 16, NK_SAMX_ROW_BYTES);
-            _tile_stored(2, sums1 + 16 * t, NK_SAMX_ROW_BYTES);
-            _tile_stored(3, sums1 + 16 * t + 16, NK_SAMX_ROW_BYTES);
+            _tile_stored(0, sums0 + 16 * t, row_bytes);
+            _tile_stored(1, sums0 + 16 * t + 16, row_bytes);
+            _tile_stored(2, sums1 + 16 * t, row_bytes);
+            _tile_stored(3, sums1 + 16 * t + 16, row_bytes);
         } else {
             nk_samx_pair_dots(group->query_tiles[0], group->query_tiles[1], doc, depth.steps, tail_back, 1);
-            _tile_stored(0, sums0 + 16 * t, NK_SAMX_ROW_BYTES);
-            _tile_stored(2, sums1 + 16 * t, NK_SAMX_ROW_BYTES);
+            _tile_stored(0, sums0 + 16 * t, row_bytes);
+            _tile_stored(2, sums1 + 16 * t, row_bytes);
         }
     }
 }
@@ -486,7 +512,7 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
                 for (unsigned half = 0; 16 * half < rows; ++half)
                     nk_samx_dots_block(&group, &ds, half, first_doc, docs, u, &prefetch);
             for (uint64_t r = 0; r < rows; ++r) {
-                int32_t const *sums = (int32_t const *)(void const *)(u + r * NK_SAMX_STRIDE);
+                int32_t const *sums = (int32_t const *)(void const *)(u + r * nk_samx_stride(docs));
                 __m512i unbias = _mm512_set1_epi32(bias[r]);
                 __m512d scale = _mm512_set1_pd(inv_q[r]), most = _mm512_set1_pd(-2.0);
                 for (uint64_t j = 0; j < docs; j += 8) {
