@@ -9,6 +9,7 @@ maxsim-cpu's maxsim_scores_variable (which uses all cores).
 
     python tools/bench.py [--quick] [--json PATH] [--families] [--anchor-python PATH/TO/python]
                           [--cpu-class icelake] [--datasets N] [--pylate-only]
+    python tools/bench.py --markdown RUN.json [RUN.json ...]
 
 Pairs run on one thread pinned to one CPU. For numkong the timed call is maxsim_packed() on
 pre-packed operands (what a reranker does per query and document); NumPy is matmul + max + sum on
@@ -45,6 +46,9 @@ twice); with several data sets, the largest over them. Ratios are time / time of
 means slower than ours. `t/ours` divides the best times; `paired` is the median over rounds of the
 same division within each round (also in the JSON, with every round's time), which a host whose
 speed drifts between rounds disturbs less.
+
+--markdown prints the README's Performance tables from the --json files of earlier runs of one CPU
+class: each time is the median over the runs of its best time, each ratio range spans the runs.
 """
 import os
 
@@ -56,6 +60,7 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -558,6 +563,81 @@ def run(args):
         print(f"\nwrote {args.json}")
 
 
+def significant(value):
+    """Three significant digits, as the README's tables print times."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def markdown(paths):
+    """The README's tables for the runs in `paths` (--json files of one CPU class)."""
+    runs = []
+    for path in paths:
+        with open(path) as file:
+            runs.append(json.load(file))
+    classes = {run["meta"]["cpu_class"] for run in runs}
+    if len(classes) != 1:
+        raise SystemExit(f"--markdown: the runs mix CPU classes {sorted(map(str, classes))}; give one class at a time")
+    anchors = {run["meta"].get("anchor", {}).get("version") for run in runs}
+    if len(anchors) != 1 or None in anchors:
+        raise SystemExit("--markdown: every run needs the same --anchor-python numkong")
+    anchor, cpu_class = anchors.pop(), classes.pop() or "all families"
+    pairs = [{(tuple(r["shape"]), r["dtype"], r["impl"]): r for r in run["results"] if "us" in r} for run in runs]
+    rounds = len(runs[0]["results"][0]["rounds_us"])
+
+    def over_runs(shape, dtype, impl, field):
+        return [run[shape, dtype, impl][field] for run in pairs if (shape, dtype, impl) in run]
+
+    def median_us(shape, dtype, impl):
+        times = over_runs(shape, dtype, impl, "us")
+        return significant(statistics.median(times)) if times else "n/a"
+
+    floats = ("float32", "bfloat16", "float16")
+    plural = "s" if len(runs) > 1 else ""
+    print(f"<!-- tools/bench.py --markdown: {len(runs)} run{plural} of {rounds} rounds, {cpu_class}, "
+          f"anchor numkong {anchor} -->")
+    print(f"| queries x documents x depth | float32 | bfloat16 | float16 | e4m3 | e2m3 | {anchor} f32 / bf16 / f16 "
+          f"| {anchor} time / ours (f32, bf16, f16) | NumPy float32 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for shape in SHAPES:
+        ours = [median_us(shape, dtype, "numkong") for dtype in ("float32", "bfloat16", "float16", "e4m3", "e2m3")]
+        ours[0] += " us" if shape == SHAPES[0] else ""
+        theirs = " / ".join(median_us(shape, dtype, f"numkong {anchor}") for dtype in floats)
+        spans = []
+        for dtype in floats:
+            ratios = over_runs(shape, dtype, f"numkong {anchor}", "ratio")
+            spans.append(f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios else "n/a")
+        print(f"| {' x '.join(map(str, shape))} | {' | '.join(ours)} | {theirs} | {', '.join(spans)} "
+              f"| {median_us(shape, 'float32', 'numpy')} |")
+    def errors(impl):
+        return [r["rel_error"] for run in runs for r in run["results"] if r["impl"] == impl and "rel_error" in r]
+
+    print(f"\nRelative error against the float64 reference: ours at most {max(errors('numkong')):.1e}, "
+          f"{anchor} {min(errors(f'numkong {anchor}')):.1e} to {max(errors(f'numkong {anchor}')):.1e}.")
+    gsops = [f"{statistics.median(over_runs(shape, 'float32', 'numkong', 'gsops')):.0f}" for shape in SHAPES]
+    peaks = {name: statistics.median(run["integers"]["peaks"][name] for run in runs)
+             for name in runs[0].get("integers", {}).get("peaks", {})}
+    print(f"Ours in GSO/s (2 x Q x D x depth / time), float32, by shape: {', '.join(gsops)}; the core's peaks "
+          f"(tools/peaks.c): {', '.join(f'{name} {value:.0f} G/s' for name, value in peaks.items())}.")
+    spans = []
+    for dtype in DTYPES:
+        if dtype != "bfloat16":
+            ratios = [paired_ratio(run[shape, dtype, "numkong"]["rounds_us"],
+                                   run[shape, "bfloat16", "numkong"]["rounds_us"]) for run in pairs for shape in SHAPES]
+            spans.append(f"{dtype} {min(ratios):.2f}-{max(ratios):.2f}x")
+    print(f"Our time over bfloat16's, paired, every shape and run: {', '.join(spans)}.")
+    numpy_ratios = [ratio for shape in SHAPES for ratio in over_runs(shape, "float32", "numpy", "ratio")]
+    print(f"NumPy's float32 time over ours, every shape and run: {min(numpy_ratios):.1f}-{max(numpy_ratios):.1f}x.")
+    print("\n| corpus | numkong, 2 threads | numkong, 1 thread | maxsim-cpu (all cores) |\n|---|---|---|---|")
+    corpora = [{(r["corpus"], r["impl"]): r["ms"] for r in run["corpus"]} for run in runs]
+    for corpus in dict.fromkeys(r["corpus"] for r in runs[0]["corpus"]):
+        cells = []
+        for impl in ("numkong threads=2", "numkong threads=1", "maxsim-cpu (all cores)"):
+            times = [run[corpus, impl] for run in corpora if (corpus, impl) in run]
+            cells.append(f"{significant(statistics.median(times))} ms" if times else "n/a")
+        label = corpus.replace("1000 docs x", "1,000 x") + " tokens"
+        print(f"| {label}, {cpu_class} | {' | '.join(cells)} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--anchor-python", help="interpreter whose numkong is timed alongside ours")
@@ -579,7 +659,12 @@ def main():
                              "tools/bench_scale.py)")
     parser.add_argument("--corpus-sizes", default="10000,100000", help="document counts for --corpus")
     parser.add_argument("--corpus-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--markdown", nargs="+", metavar="RUN.json",
+                        help="print the README's tables from the --json files of earlier runs of one CPU class")
     args = parser.parse_args()
+    if args.markdown:
+        markdown(args.markdown)
+        return
     args.kept_families = CPU_CLASSES[:CPU_CLASSES.index(args.cpu_class) + 1] if args.cpu_class else None
     if args.kept_families:  # before numkong is imported here or in the corpus worker, which inherits it
         os.environ["NUMKONG_DISABLE"] = ",".join(
