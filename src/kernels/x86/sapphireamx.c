@@ -23,7 +23,7 @@
 
 #define NK_SAMX_ROWS 32u           /* query rows per group: two query tiles */
 /* Document rows per block (a multiple of 64, at most 64 tiles for the tags). 1024 against 512: one
- * block's tops and scan instead of two, 1024x1024x128 float32 1.08x, 32x1024x128 1.03x (A/B). */
+ * block's tops and scan instead of two, 1024x1024x128 1.08-1.10x, 32x1024x128 1.03-1.04x (A/B). */
 #define NK_SAMX_BLOCK_DOCS 1024u
 /* The most floats from one row of u to the next (nk_samx_stride). */
 #define NK_SAMX_STRIDE (NK_SAMX_BLOCK_DOCS + 16u)
@@ -242,9 +242,8 @@ typedef struct nk_samx_group {
 #define nk_family_query_t nk_samx_group_t
 
 /* Turn the biased sums of query rows [row0, row0 + rows) against tiles [t, t + DT) (DT 1..4,
- * compile-time; all lanes present but the last tile's `last_lanes`; rows `stride` floats apart) into u
- * in place, raising the
- * tagged per-lane maxima of u. */
+ * compile-time; all lanes present but the last tile's `last_lanes`; rows `stride` floats apart) into
+ * u in place, raising the tagged per-lane maxima of u. */
 NK_INLINE void nk_samx_quad_epilogue(float *u, uint64_t stride, uint64_t row0, uint64_t rows, uint64_t t,
                                      float const *scales_d, float const *errors_d, __mmask16 last_lanes,
                                      float const *growth, nk_samx_group_t *group, int const DT) {
