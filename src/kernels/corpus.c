@@ -714,12 +714,22 @@ static void *nk_top_k_rescore_worker(void *argument) {
     }
 }
 
-/* Documents with the lowest prescreen bounds, k + 32 per query (or every document), scored before the
- * others so that the caps start low. */
+/* Documents with the lowest prescreen bounds, k + 32 per query, scored before the others so that the
+ * caps start low. */
 #define NK_TOP_K_EXTRA_SEEDS 32u
 
+/* Whether a search for the k best of `documents` takes the prescreen pass (where the family has one):
+ * it pays while k is a small share of the documents. Clustered documents, best of 7, prescreen time
+ * over the one-pass walk's on 1 / 2 threads: of 10,000, k = 3,000 0.99 / 0.96, k = 4,000 1.02 / 1.01,
+ * k = 5,000 1.04 / 1.11; of 100,000, k = 20,000 0.99 / 0.91, k = 40,000 1.04 / 1.04, k = 50,000
+ * 1.07 / 1.13. Without it a search needs no prescreen states, bounds or seeds. */
+static int nk_top_k_prescreens(uint64_t documents, uint64_t k) {
+    return k + NK_TOP_K_EXTRA_SEEDS <= documents / 5 * 2;
+}
+
+/* Seeds per query: k + 32 (fewer than the documents) with the prescreen pass, none without. */
 static uint64_t nk_top_k_seeds(uint64_t documents, uint64_t k) {
-    return documents - k < NK_TOP_K_EXTRA_SEEDS ? documents : k + NK_TOP_K_EXTRA_SEEDS;
+    return nk_top_k_prescreens(documents, k) ? k + NK_TOP_K_EXTRA_SEEDS : 0;
 }
 
 /* Between the passes, on the calling thread: each query's seeds into its row of job->seeds, their
@@ -783,14 +793,15 @@ static uint64_t nk_top_k_batch(uint64_t query_count, uint64_t documents) {
 uint64_t nk_corpus_top_k_scratch_bytes(uint64_t query_count, uint64_t documents, uint64_t threads, uint64_t k) {
     if (threads < 1) threads = 1;
     if (threads > NK_CORPUS_MAX_THREADS) threads = NK_CORPUS_MAX_THREADS;
-    uint64_t batch = nk_top_k_batch(query_count, documents), heaps, bytes, bounds, total;
-    uint64_t seeds;
+    uint64_t batch = nk_top_k_batch(query_count, documents), heaps, bytes, bounds = 0, seeds, total;
+    int prescreens = nk_top_k_prescreens(documents, k);
     if (!nk_u64_mul(threads * batch, k, &heaps) || !nk_u64_mul(heaps, sizeof(nk_ranked_t), &bytes) ||
-        !nk_u64_mul(batch * sizeof(double), documents, &bounds) ||
+        (prescreens && !nk_u64_mul(batch * sizeof(double), documents, &bounds)) ||
         !nk_u64_mul(batch * sizeof(nk_ranked_t), nk_top_k_seeds(documents, k), &seeds))
         return UINT64_MAX;
     /* The prescreen states (64-byte aligned), bounds, seeds, heaps, counts, caps and ready flags. */
-    if (!nk_u64_add(batch * NK_PRESCREEN_STATE_BYTES, bounds, &total) || !nk_u64_add(total, seeds, &total) ||
+    if (!nk_u64_add(prescreens ? batch * NK_PRESCREEN_STATE_BYTES : 0, bounds, &total) ||
+        !nk_u64_add(total, seeds, &total) ||
         !nk_u64_add(total, bytes, &total) ||
         !nk_u64_add(total, threads * batch * sizeof(uint64_t) + batch * sizeof(uint64_t) + batch, &total))
         return UINT64_MAX;
@@ -816,17 +827,13 @@ nk_status_t nk_maxsim_top_k_corpus(nk_maxsim_matrix_t const *queries, uint64_t q
         if (queries[i].info.depth != corpus->info.depth) return nk_error_depth_mismatch_k;
     }
     nk_maxsim_kernel_t kernel = nk_maxsim_kernel_for(capabilities, corpus->info.depth);
-    nk_prescreen_ops_t const *prescreen = nk_prescreen_for(capabilities, corpus->info.depth);
-    /* The prescreen pass pays while k is a small share of the documents. Clustered documents, best of
-     * 7, prescreen time over the one-pass walk's on 1 / 2 threads: of 10,000, k = 3,000 0.99 / 0.96,
-     * k = 4,000 1.02 / 1.01, k = 5,000 1.04 / 1.11; of 100,000, k = 20,000 0.99 / 0.91, k = 40,000
-     * 1.04 / 1.04, k = 50,000 1.07 / 1.13. */
-    if (k + NK_TOP_K_EXTRA_SEEDS > documents / 5 * 2) prescreen = NULL;
+    int prescreens = nk_top_k_prescreens(documents, k);
+    nk_prescreen_ops_t const *prescreen = prescreens ? nk_prescreen_for(capabilities, corpus->info.depth) : NULL;
     uint64_t helpers = threads > documents ? documents : threads; /* the threads nk_run_threads starts */
     uint64_t batch_max = nk_top_k_batch(query_count, documents);
     uint8_t *states = (uint8_t *)scratch;
-    double *bounds = (double *)(void *)(states + batch_max * NK_PRESCREEN_STATE_BYTES);
-    nk_ranked_t *seeds = (nk_ranked_t *)(void *)(bounds + batch_max * documents);
+    double *bounds = (double *)(void *)(states + (prescreens ? batch_max * NK_PRESCREEN_STATE_BYTES : 0));
+    nk_ranked_t *seeds = (nk_ranked_t *)(void *)(bounds + (prescreens ? batch_max * documents : 0));
     nk_ranked_t *heaps = seeds + batch_max * nk_top_k_seeds(documents, k);
     nk_maxsim_view_t views[NK_CORPUS_QUERY_BATCH];
     for (uint64_t batch = 0; batch < query_count; batch += batch_max) {
