@@ -504,6 +504,7 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
         nk_samx_prepare_tiles(&qs, &ds, first, rows, &group);
         for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_SAMX_BLOCK_DOCS) {
             uint64_t docs = d->vectors - first_doc < NK_SAMX_BLOCK_DOCS ? d->vectors - first_doc : NK_SAMX_BLOCK_DOCS;
+            uint64_t stride = nk_samx_stride(docs);
             for (uint64_t j = 0; j < docs; ++j) inv_d[j] = nk_integer_inv_norm(d->norms2[first_doc + j]);
             if (rows > 16 && group.single_pass && !group.depth.tiny)
                 nk_samx_dots_block_pair(&group, &ds, first_doc, docs, u, &prefetch);
@@ -511,7 +512,7 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
                 for (unsigned half = 0; 16 * half < rows; ++half)
                     nk_samx_dots_block(&group, &ds, half, first_doc, docs, u, &prefetch);
             for (uint64_t r = 0; r < rows; ++r) {
-                int32_t const *sums = (int32_t const *)(void const *)(u + r * nk_samx_stride(docs));
+                int32_t const *sums = (int32_t const *)(void const *)(u + r * stride);
                 __m512i unbias = _mm512_set1_epi32(bias[r]);
                 __m512d scale = _mm512_set1_pd(inv_q[r]), most = _mm512_set1_pd(-2.0);
                 for (uint64_t j = 0; j < docs; j += 8) {
