@@ -52,6 +52,13 @@ def test_markdown_prints_medians_and_ratio_ranges(tmp_path):
     assert "| 1,000 x 180 tokens, all families | 2.20 ms | 4.40 ms | 20.0 ms |" in lines
 
 
+def test_markdown_names_the_cpu_class(tmp_path):
+    done = _markdown(_run_file(tmp_path, "ice.json", "icelake", 1.0))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("<!-- tools/bench.py --markdown: 1 run of 3 rounds, Ice Lake class,")
+    assert "| 1,000 x 180 tokens, Ice Lake class | 2.00 ms | 4.00 ms | 20.0 ms |" in done.stdout
+
+
 def test_markdown_refuses_runs_of_different_cpu_classes(tmp_path):
     done = _markdown(_run_file(tmp_path, "all.json", None, 1.0), _run_file(tmp_path, "ice.json", "icelake", 1.0))
     assert done.returncode != 0

@@ -69,6 +69,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 CPU_CLASSES = ["serial", "haswell", "skylake", "icelake", "genoa"]  # x86 families, each a superset of the last
+CLASS_NAMES = {None: "all families", "haswell": "Haswell class", "skylake": "Skylake class",
+               "icelake": "Ice Lake class", "genoa": "Genoa class"}  # --markdown's labels
 SHAPES = [(32, 180, 128), (32, 1024, 128), (1024, 1024, 128), (32, 512, 768)]  # queries, documents, depth
 DTYPES = ["float32", "bfloat16", "float16", "e4m3", "e5m2", "e2m3", "e3m2"]
 
@@ -580,7 +582,7 @@ def markdown(paths):
     anchors = {run["meta"].get("anchor", {}).get("version") for run in runs}
     if len(anchors) != 1 or None in anchors:
         raise SystemExit("--markdown: every run needs the same --anchor-python numkong")
-    anchor, cpu_class = anchors.pop(), classes.pop() or "all families"
+    anchor, cpu_class = anchors.pop(), CLASS_NAMES[classes.pop()]
     pairs = [{(tuple(r["shape"]), r["dtype"], r["impl"]): r for r in run["results"] if "us" in r} for run in runs]
     rounds = len(runs[0]["results"][0]["rounds_us"])
 
@@ -608,6 +610,7 @@ def markdown(paths):
             spans.append(f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios else "n/a")
         print(f"| {' x '.join(map(str, shape))} | {' | '.join(ours)} | {theirs} | {', '.join(spans)} "
               f"| {median_us(shape, 'float32', 'numpy')} |")
+
     def errors(impl):
         return [r["rel_error"] for run in runs for r in run["results"] if r["impl"] == impl and "rel_error" in r]
 
