@@ -25,9 +25,12 @@ def _run_file(tmp_path, name, cpu_class, scale):
     corpus = [{"corpus": "1000 docs x 180", "impl": impl, "ms": ms}
               for impl, ms in (("numkong threads=1", 4.0 * scale), ("numkong threads=2", 2.0 * scale),
                                ("maxsim-cpu (all cores)", 20.0))]
+    calls = [{"shape": list(shape), "dtype": dtype, "impl": impl, "us": us * scale, "paired_ratio": 1.0}
+             for shape in ((1, 1, 1), (1, 1, 128)) for dtype in ("float32", "bfloat16", "float16")
+             for impl, us in (("numkong", 0.1 * sum(shape)), ("numkong 9.9", 0.2))]
     path = tmp_path / name
     path.write_text(json.dumps({"meta": {"cpu_class": cpu_class, "anchor": {"version": "9.9"}},
-                                "results": results, "corpus": corpus}))
+                                "results": results, "corpus": corpus, "call_costs": calls}))
     return str(path)
 
 
@@ -50,6 +53,9 @@ def test_markdown_prints_medians_and_ratio_ranges(tmp_path):
     assert "paired, every shape and run: float32 1.00-1.00x, float16 1.00-1.00x," in done.stdout
     assert "NumPy's float32 time over ours, every shape and run: 10.0-10.0x." in done.stdout
     assert "| 1,000 x 180 tokens, all families | 2.20 ms | 4.40 ms | 20.0 ms |" in lines
+    assert ("A call's fixed cost from Python in us, ours / 9.9 (median of best times): 1x1x1 float32 0.33 / "
+            "0.22, ") in done.stdout
+    assert "1x1x128 float16 14.3 / 0.22." in done.stdout
 
 
 def test_markdown_names_the_cpu_class(tmp_path):

@@ -306,6 +306,37 @@ CORPUS_CASES = {"1000 docs x 180": lambda rng: np.full(1000, 180),
                 "1000 docs x 50..800": lambda rng: rng.integers(50, 801, 1000)}
 
 
+CALL_SHAPES = [(1, 1, 1), (1, 1, 128)]  # what a call costs beyond its work
+
+
+def call_costs(rounds, target, anchor):
+    """Best microseconds per call of the CALL_SHAPES pairs, ours and the anchor's (float formats), interleaved;
+    paired_ratio is the anchor's time over ours."""
+    records = []
+    print(f"\nA call's fixed cost (us; {anchor.info['version'] if anchor else 'no anchor'} time / ours, paired)")
+    for shape in CALL_SHAPES:
+        count_q, count_d, depth = shape
+        rng = np.random.default_rng(list(shape))
+        raw = (rng.standard_normal((count_q, depth), dtype=np.float32),
+               rng.standard_normal((count_d, depth), dtype=np.float32))
+        for dtype in ("float32", "bfloat16", "float16"):
+            impls = implementations([tuple(stored(m, dtype) for m in raw)], dtype, [], anchor)
+            names = [name for name in impls if name.startswith("numkong") and impls[name][0] is not None]
+            times = {name: [] for name in names}
+            for _ in range(rounds):
+                for name in names:
+                    times[name].append(impls[name][1](target))
+            cells = []
+            for name in names:
+                record = {"shape": list(shape), "dtype": dtype, "impl": name, "us": min(times[name]) * 1e6,
+                          "paired_ratio": paired_ratio(times[name], times["numkong"])}
+                records.append(record)
+                cells.append(f"{name} {record['us']:.3f}" + (f" ({record['paired_ratio']:.2f})" if name != "numkong"
+                                                                else ""))
+            print(f"{'x'.join(map(str, shape)):<9} {dtype:<9} {', '.join(cells)}")
+    return records
+
+
 INTEGER_DTYPES = ["int8", "int4", "uint1"]
 
 
@@ -545,6 +576,7 @@ def run(args):
             print(f"{label:<16} numkong time / bfloat16's (best, paired): {', '.join(summary)}")
     with limits:
         integers = integer_cases(rounds, target, args.datasets)
+        calls = call_costs(rounds, target, anchor)
     sizes = packed_sizes(anchor)
     if anchor:
         anchor.close()
@@ -560,7 +592,8 @@ def run(args):
     corpus, pylate = worker["corpus"], worker["pylate"]
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"meta": meta, "results": records, "integers": integers, "packed_bytes_per_row": sizes,
+            json.dump({"meta": meta, "results": records, "integers": integers, "call_costs": calls,
+                       "packed_bytes_per_row": sizes,
                        "corpus": corpus, "pylate": pylate}, file, indent=1)
         print(f"\nwrote {args.json}")
 
@@ -630,6 +663,18 @@ def markdown(paths):
     print(f"Our time over bfloat16's, paired, every shape and run: {', '.join(spans)}.")
     numpy_ratios = [ratio for shape in SHAPES for ratio in over_runs(shape, "float32", "numpy", "ratio")]
     print(f"NumPy's float32 time over ours, every shape and run: {min(numpy_ratios):.1f}-{max(numpy_ratios):.1f}x.")
+    calls = [{(tuple(r["shape"]), r["dtype"], r["impl"]): r for r in run.get("call_costs", [])} for run in runs]
+    if any(calls):
+        cells = []
+        for shape in CALL_SHAPES:
+            for dtype in floats:
+                ours = [run[shape, dtype, "numkong"]["us"] for run in calls if (shape, dtype, "numkong") in run]
+                theirs = [run[shape, dtype, f"numkong {anchor}"]["us"] for run in calls
+                          if (shape, dtype, f"numkong {anchor}") in run]
+                if ours and theirs:
+                    cells.append(f"{'x'.join(map(str, shape))} {dtype} {significant(statistics.median(ours))} / "
+                                 f"{significant(statistics.median(theirs))}")
+        print(f"A call's fixed cost from Python in us, ours / {anchor} (median of best times): {', '.join(cells)}.")
     print("\n| corpus | numkong, 2 threads | numkong, 1 thread | maxsim-cpu (all cores) |\n|---|---|---|---|")
     corpora = [{(r["corpus"], r["impl"]): r["ms"] for r in run["corpus"]} for run in runs]
     for corpus in dict.fromkeys(r["corpus"] for r in runs[0]["corpus"]):
