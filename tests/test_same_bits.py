@@ -5,7 +5,7 @@ halving tree: src/kernels/maxsim_internal.h), so for the same packed operands ev
 through capabilities= returns the identical float64, on x86 and Arm alike: shards of one corpus
 served by different machines rank near-ties the same way. Checked bit for bit (float.hex) for every
 dtype, on awkward depths (around and between 16-element steps, many steps, a long row) and row
-counts (one and many query rows, one and 1,100 document rows), on random, near-tie, outlier and
+counts (one and many query rows, one, three and 1,100 document rows), on random, near-tie, outlier and
 zero-row data, through maxsim_packed and through a packed corpus; every score also matches the
 independent float64 reference.
 """
@@ -18,7 +18,9 @@ import numkong as nk
 from conftest import AVAILABLE_FAMILIES, RTOL, SANITIZED, assert_score_close, dtype_params, reference_maxsim
 
 DEPTHS = [1, 3, 17, 129, 1000, 4100]
-SHAPES = [(1, 1), (1, 1100), (37, 1), (37, 1100)]  # (query rows, document rows)
+# (query rows, document rows). 32 x 1, and 5 x 3 up to depth 51, are scored pair by pair without the
+# screening (src/kernels/driver.h, NK_DRIVER_ALL_PAIRS); 37 x 1 and 5 x 3 deeper are screened.
+SHAPES = [(1, 1), (1, 1100), (32, 1), (37, 1), (5, 3), (37, 1100)]
 KINDS = ["random", "near_tie", "outlier", "zero_rows"]
 # The corpus splits 1,100 document rows into documents of these lengths (one row stays one document).
 CORPUS_LENGTHS = [1, 3, 16, 17, 33, 130, 900]

@@ -256,7 +256,8 @@ nk_status_t nk_maxsim_layout(uint64_t vectors, uint64_t depth, int dtype, nk_max
 void nk_maxsim_view_init(nk_maxsim_matrix_t const *matrix, nk_maxsim_view_t *view);
 
 /* The kernel that scores operands of `depth` within `capabilities`: the best available family in
- * the mask, or serial, which also takes every depth too large for int8 screening. */
+ * the mask, or serial, which also takes every depth too large for int8 screening. The AMX family's
+ * kernel picks per pair between its tiles and its vector units alone (dispatch.c). */
 nk_maxsim_kernel_t nk_maxsim_kernel_for(uint64_t capabilities, uint64_t depth);
 
 /* Unpacked float32 documents (x86/avx512_unpacked.h): query rows per screening group, and the
