@@ -19,7 +19,8 @@
  *      remaining u is rescored, one batch per round, until no candidate reaches its cut.
  *   5. A row whose candidate list filled up continues its scan and rescores one candidate at a time.
  * The result, sum over rows of max(0, 1 - best), adds rows in order, and every exact cosine is
- * (canonical float64 dot) * inv_q * inv_d, so all families return the same bits.
+ * (canonical float64 dot) * inv_q * inv_d, so all families return the same bits. A pair with few
+ * documents per query row skips all this: every (row, document) pair is rescored (nk_driver_all_pairs).
  *
  * The family defines (types and functions may be macros):
  *   NK_DRIVER_ROWS       query rows per group (1..32)
