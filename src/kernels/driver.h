@@ -42,8 +42,9 @@
  *       u[r * stride + j] (stride = nk_family_stride(docs)) for r < rows, j < docs, with
  *       b_r = growth[r], and -inf for docs <= j < docs rounded up to 16; top[r] in [0, docs), or -1
  *       when the row has no finite u, naming a u at most 2^-16 |u| below the row's largest (what
- *       tagging a u's low 6 mantissa bits with its tile loses); the driver bounds the row from it. The family may use u as scratch until
- *       it returns. Its screening loop takes a line of `prefetch` (the next document) per step.
+ *       tagging a u's low 6 mantissa bits with its tile loses); the driver bounds the row from it.
+ *       The family may use u as scratch until it returns. Its screening loop takes a line of
+ *       `prefetch` (the next document) per step.
  *   The compares of step 3, over 16-document tiles of one row's u (64-byte aligned):
  *   nk_family_cut_t nk_family_cut(float cut)                     the cut, broadcast
  *   int nk_family_any_hit4(float const *tile_u, nk_family_cut_t cut)
@@ -190,7 +191,7 @@ NK_INLINE void nk_driver_rescore(nk_maxsim_view_t const *q, nk_maxsim_view_t con
     for (unsigned k = 0; k < batch->n; ++k) {
         unsigned r = batch->which[k];
         double inv_d = d->inv_norms[batch->docs[k]];
-        nk_driver_take(g, r, inv_d == 0.0 ? 0.0 : dots[k] * q->inv_norms[g->first + r] * inv_d);
+        nk_driver_take(g, r, nk_exact_cosine(dots[k], q->inv_norms[g->first + r], inv_d));
     }
 }
 
@@ -479,7 +480,7 @@ static double nk_driver_all_pairs(nk_maxsim_view_t const *q, nk_maxsim_view_t co
     for (uint64_t r = 0; r < q->vectors; ++r) {
         double inv_q = q->inv_norms[r], best = -INFINITY; /* a zero query row: nk_row_distance gives 1 */
         for (uint64_t j = 0; j < d->vectors; ++j, ++n) {
-            double inv_d = d->inv_norms[j], cos = inv_d == 0.0 ? 0.0 : dots[n] * inv_q * inv_d;
+            double cos = nk_exact_cosine(dots[n], inv_q, d->inv_norms[j]);
             if (cos > best) best = cos;
         }
         total += nk_row_distance(inv_q, best);

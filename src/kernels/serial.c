@@ -52,10 +52,7 @@ static double nk_maxsim_serial_integer(nk_maxsim_view_t const *q, nk_maxsim_view
                        nk_integer_at(dtype, d_values, d->vectors, d->row_bytes, j, k);
             double cos;
             if (dtype == nk_dtype_uint1_k) cos = (double)dot / (double)q->depth;
-            else {
-                double inv_d = nk_integer_inv_norm(d->norms2[j]);
-                cos = inv_d == 0.0 ? 0.0 : (double)dot * inv_q * inv_d;
-            }
+            else cos = nk_exact_cosine((double)dot, inv_q, nk_integer_inv_norm(d->norms2[j]));
             if (cos > best) best = cos;
         }
         total += nk_row_distance(inv_q, best);

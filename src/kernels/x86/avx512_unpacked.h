@@ -189,8 +189,7 @@ static void nk_unp_rescore(nk_unp_pending_t *pending, nk_maxsim_view_t const *q,
     nk_x512_dot_batch(nk_dtype_float32_k, a, b, pending->pairs, depth, dots);
     for (unsigned i = 0; i < pending->pairs; ++i) {
         unsigned r = pending->query_rows[i];
-        double inv_d = exact_inv_d[pending->doc_rows[i]];
-        double cos = inv_d == 0.0 ? 0.0 : dots[i] * q->inv_norms[first + r] * inv_d;
+        double cos = nk_exact_cosine(dots[i], q->inv_norms[first + r], exact_inv_d[pending->doc_rows[i]]);
         if (cos > best[r]) best[r] = cos;
     }
     pending->norms = pending->pairs = 0;
