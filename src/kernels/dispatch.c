@@ -10,9 +10,9 @@ typedef struct nk_family {
 /* The AMX family's tiles pay for their set-up (tile configuration, the query's A tiles, a padded last
  * document tile) only on enough document bytes; below, the family scores a float format with its
  * vector units alone, the icelake kernel (every CPU with AMX has its instructions; same bits).
- * Measured, 25 rounds per shape, bfloat16 (float32 and e4m3 alike): icelake is 1.3-2.5x as fast at
- * depth 32 (up to 4,096 documents) and below 8 KB of document screen (1x32x128 0.20 against
- * 0.30 us), AMX from 64 documents or 16 query rows on (32x64x128 1.16x, 32x16x768 1.05x). int8
+ * Measured, 15-25 rounds per shape, bfloat16 (float32 and e4m3 alike): icelake is 1.15-2.5x as fast
+ * at depth 32 (up to 4,096 documents) and below 8 KB of document screen (1x32x128 0.20 against
+ * 0.30 us), AMX from 64 documents or 16 query rows on (32x64x128 1.16x, 32x16x768 0.98-1.09x). int8
  * keeps its tiles: they pay from 16 documents on (32x16x128 0.48 against 0.70 us). */
 static double nk_maxsim_sapphireamx_sized(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     uint64_t depth = q->screen_depth;
