@@ -9,7 +9,7 @@
  * whole depth in one pass, both query tiles share every document tile load (the pair form).
  *
  * Stack (beside the driver's 133 KB of u): 24 KB of A tiles, 13 KB padded copy of the last document
- * tile. Nothing is allocated. Built with NK_AMX_EMULATE (tests/c), the tile instructions are C
+ * tile, 16 KB of accumulator copies. Nothing is allocated. Built with NK_AMX_EMULATE (tests/c), the tile instructions are C
  * functions (amx_emulation.h), so CPUs without AMX check this family's logic too.
  */
 #include <immintrin.h>
@@ -233,6 +233,9 @@ typedef struct nk_samx_group {
     /* The padded last document tile: one pass and one step before it (or four tiles of a tiny depth). */
     _Alignas(64) uint8_t last_tile[(NK_SAMX_CHUNK_STEPS + 1) * NK_SAMX_STEP_BYTES];
     _Alignas(64) float top[NK_SAMX_ROWS][16]; /* per lane, the block's largest u, tagged (nk_x512_tag) */
+    /* Two quads of accumulators (32 rows x 4 tiles of int32 sums, rows 64 words apart): the fused
+     * epilogue of nk_samx_dots_block_pair reads one while the tile unit fills the other. */
+    _Alignas(64) int32_t quads[2][NK_SAMX_ROWS * 64];
     int32_t bias[NK_SAMX_ROWS];               /* -128 * screen_sums[q]: cancels the documents' +128 offset */
     nk_maxsim_view_t const *q;
     uint64_t first, rows;
@@ -242,11 +245,13 @@ typedef struct nk_samx_group {
 #define nk_family_query_t nk_samx_group_t
 
 /* Turn the biased sums of query rows [row0, row0 + rows) against tiles [t, t + DT) (DT 1..4,
- * compile-time; all lanes present but the last tile's `last_lanes`; rows `stride` floats apart) into
- * u in place, raising the tagged per-lane maxima of u. */
-NK_INLINE void nk_samx_quad_epilogue(float *u, uint64_t stride, uint64_t row0, uint64_t rows, uint64_t t,
-                                     float const *scales_d, float const *errors_d, __mmask16 last_lanes,
-                                     float const *growth, nk_samx_group_t *group, int const DT) {
+ * compile-time; all lanes present but the last tile's `last_lanes`) into u (rows `stride` floats
+ * apart), raising the tagged per-lane maxima of u. Row r's sums against tile t + k are at
+ * sums + r * sums_stride + 16 k: u itself (in place) or the group's copy of the accumulators. */
+NK_INLINE void nk_samx_quad_epilogue(int32_t const *sums, uint64_t sums_stride, float *u, uint64_t stride,
+                                     uint64_t row0, uint64_t rows, uint64_t t, float const *scales_d,
+                                     float const *errors_d, __mmask16 last_lanes, float const *growth,
+                                     nk_samx_group_t *group, int const DT) {
     __m512 scale[4], error[4];
     __mmask16 lanes[4];
     __m512 minus_infinity = _mm512_set1_ps(-INFINITY);
@@ -262,8 +267,8 @@ NK_INLINE void nk_samx_quad_epilogue(float *u, uint64_t stride, uint64_t row0, u
 #pragma GCC unroll 4
         for (int k = 0; k < DT; ++k) {
             float *at = u + r * stride + 16 * (t + (uint64_t)k);
-            __m512i sums = _mm512_load_si512((void const *)at);
-            __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sums, bias)), scale[k]);
+            __m512i sum = _mm512_load_si512((void const *)(sums + r * sums_stride + 16 * (uint64_t)k));
+            __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sum, bias)), scale[k]);
             __m512 upper = _mm512_fmadd_ps(b, error[k], p);
             top = _mm512_mask_max_ps(top, lanes[k], top, nk_x512_tag(upper, (unsigned)(t + (uint64_t)k)));
             _mm512_store_ps(at, _mm512_mask_mov_ps(minus_infinity, lanes[k], upper));
@@ -272,22 +277,31 @@ NK_INLINE void nk_samx_quad_epilogue(float *u, uint64_t stride, uint64_t row0, u
     }
 }
 
-/* The epilogue over a whole block for query rows [row0, row0 + rows). */
+/* The epilogue for query rows [row0, row0 + rows) and tiles [t0, t1) of a block of `docs`, from
+ * `sums` (tile t0 at sums, rows sums_stride words apart; u itself when the sums are there). */
 static void nk_samx_finish(nk_samx_group_t *group, nk_maxsim_view_t const *d, uint64_t row0, uint64_t rows,
-                           uint64_t first_doc, uint64_t docs, float const *growth, float *u) {
+                           uint64_t first_doc, uint64_t docs, uint64_t t0, uint64_t t1, int32_t const *sums,
+                           uint64_t sums_stride, float const *growth, float *u) {
     uint64_t tiles = (docs + 15) / 16, partial = docs % 16, stride = nk_samx_stride(docs);
-    __mmask16 last_lanes = partial ? (__mmask16)((1u << partial) - 1u) : (__mmask16)0xFFFF;
+    __mmask16 last = partial ? (__mmask16)((1u << partial) - 1u) : (__mmask16)0xFFFF;
     float const *scales_d = d->screen_scales + first_doc, *errors_d = d->screen_errors + first_doc;
-    for (uint64_t t = 0; t < tiles; t += 4) {
+    for (uint64_t t = t0; t < t1; t += 4, sums += 64) {
         float const *scales = scales_d + 16 * t, *errors = errors_d + 16 * t;
-        switch (tiles - t < 4 ? tiles - t : 4) {
+        uint64_t quad = t1 - t < 4 ? t1 - t : 4;
+        __mmask16 lanes = t + quad == tiles ? last : (__mmask16)0xFFFF; /* only the block's last tile is partial */
+        switch (quad) {
         case 4:
-            nk_samx_quad_epilogue(u, stride, row0, rows, t, scales, errors, t + 4 == tiles ? last_lanes : 0xFFFF,
-                                  growth, group, 4);
+            nk_samx_quad_epilogue(sums, sums_stride, u, stride, row0, rows, t, scales, errors, lanes, growth, group, 4);
             break;
-        case 3: nk_samx_quad_epilogue(u, stride, row0, rows, t, scales, errors, last_lanes, growth, group, 3); break;
-        case 2: nk_samx_quad_epilogue(u, stride, row0, rows, t, scales, errors, last_lanes, growth, group, 2); break;
-        default: nk_samx_quad_epilogue(u, stride, row0, rows, t, scales, errors, last_lanes, growth, group, 1); break;
+        case 3:
+            nk_samx_quad_epilogue(sums, sums_stride, u, stride, row0, rows, t, scales, errors, lanes, growth, group, 3);
+            break;
+        case 2:
+            nk_samx_quad_epilogue(sums, sums_stride, u, stride, row0, rows, t, scales, errors, lanes, growth, group, 2);
+            break;
+        default:
+            nk_samx_quad_epilogue(sums, sums_stride, u, stride, row0, rows, t, scales, errors, lanes, growth, group, 1);
+            break;
         }
     }
 }
@@ -392,31 +406,47 @@ NK_INLINE void nk_samx_pair_dots(int8_t const *a0, int8_t const *a1, uint8_t con
 }
 
 /* The paired form of nk_samx_dots_block, both query tiles at once, for a depth of 16 groups or more
- * in a single pass: each document tile loaded from L2 serves both. */
+ * in a single pass: each document tile loaded from L2 serves both. With `growth` (not NULL) the
+ * epilogue is fused: each quad of 4 document tiles leaves its accumulators in the group's L1 copy
+ * (`quads`), and the quad before is turned into u while the tile unit works on this one, so u is
+ * written once rather than stored, read back and written again. That pays where u outgrows L1 and
+ * the tile unit's share is small (nk_samx_screen). */
 static void nk_samx_dots_block_pair(nk_samx_group_t *group, nk_maxsim_view_t const *d, uint64_t first_doc,
-                                    uint64_t docs, float *u, nk_prefetch_stream_t *prefetch) {
+                                    uint64_t docs, float const *growth, float *u, nk_prefetch_stream_t *prefetch) {
     nk_samx_depth_t const depth = group->depth;
     uint64_t tile_bytes = NK_SCREEN_TILE * d->screen_depth, tiles = (docs + 15) / 16;
     uint64_t direct_tiles = first_doc + docs == d->vectors && docs % 16 ? tiles - 1 : tiles;
     uint64_t tail_back = 64 * depth.pad;
     uint8_t const *block = d->screen + first_doc * d->screen_depth;
-    uint64_t stride = nk_samx_stride(docs), row_bytes = 4 * stride;
-    int32_t *sums0 = (int32_t *)(void *)u, *sums1 = sums0 + 16 * stride;
-    for (uint64_t t = 0; t < tiles; t += 2) {
-        uint8_t const *doc[2];
-        for (unsigned k = 0; k < 2; ++k) doc[k] = t + k < direct_tiles ? block + (t + k) * tile_bytes : group->last_tile;
-        nk_prefetch_lines(prefetch, 16 * depth.steps); /* the next document: a line per depth group screened */
-        if (t + 1 < tiles) {
-            nk_samx_pair_dots(group->query_tiles[0], group->query_tiles[1], doc, depth.steps, tail_back, 2);
-            _tile_stored(0, sums0 + 16 * t, row_bytes);
-            _tile_stored(1, sums0 + 16 * t + 16, row_bytes);
-            _tile_stored(2, sums1 + 16 * t, row_bytes);
-            _tile_stored(3, sums1 + 16 * t + 16, row_bytes);
-        } else {
-            nk_samx_pair_dots(group->query_tiles[0], group->query_tiles[1], doc, depth.steps, tail_back, 1);
-            _tile_stored(0, sums0 + 16 * t, row_bytes);
-            _tile_stored(2, sums1 + 16 * t, row_bytes);
+    uint64_t sums_stride = growth ? 64 : nk_samx_stride(docs), row_bytes = 4 * sums_stride;
+    for (uint64_t t = 0; t < tiles; t += 4) {
+        int32_t *sums = growth ? group->quads[t / 4 % 2] : (int32_t *)(void *)u + 16 * t;
+        for (uint64_t p = t; p < t + 4 && p < tiles; p += 2) {
+            uint8_t const *doc[2];
+            for (unsigned k = 0; k < 2; ++k)
+                doc[k] = p + k < direct_tiles ? block + (p + k) * tile_bytes : group->last_tile;
+            nk_prefetch_lines(prefetch, 16 * depth.steps); /* the next document: a line per depth group screened */
+            int32_t *sums0 = sums + 16 * (p - t), *sums1 = sums0 + 16 * sums_stride;
+            if (p + 1 < tiles) {
+                nk_samx_pair_dots(group->query_tiles[0], group->query_tiles[1], doc, depth.steps, tail_back, 2);
+                _tile_stored(0, sums0, row_bytes);
+                _tile_stored(1, sums0 + 16, row_bytes);
+                _tile_stored(2, sums1, row_bytes);
+                _tile_stored(3, sums1 + 16, row_bytes);
+            } else {
+                nk_samx_pair_dots(group->query_tiles[0], group->query_tiles[1], doc, depth.steps, tail_back, 1);
+                _tile_stored(0, sums0, row_bytes);
+                _tile_stored(2, sums1, row_bytes);
+            }
         }
+        if (growth && t)
+            nk_samx_finish(group, d, 0, group->rows, first_doc, docs, t - 4, t, group->quads[(t / 4 + 1) % 2], 64,
+                           growth, u);
+    }
+    if (growth) {
+        uint64_t last = (tiles - 1) / 4 * 4;
+        nk_samx_finish(group, d, 0, group->rows, first_doc, docs, last, tiles, group->quads[last / 4 % 2], 64, growth,
+                       u);
     }
 }
 
@@ -448,13 +478,25 @@ static void nk_samx_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d
 
 static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t rows, nk_maxsim_view_t const *d,
                            uint64_t first_doc, uint64_t docs, float *u, int32_t *top, nk_prefetch_stream_t *prefetch) {
+    uint64_t tiles = (docs + 15) / 16;
     for (unsigned r = 0; r < rows; ++r) _mm512_store_ps(group->top[r], _mm512_set1_ps(-INFINITY));
-    if (rows > 16 && group->single_pass && !group->depth.tiny)
-        nk_samx_dots_block_pair(group, d, first_doc, docs, u, prefetch);
-    else
+    if (rows > 16 && group->single_pass && !group->depth.tiny) {
+        /* The fused epilogue from 512 documents (u over 64 KB) at depths of one or two steps. C, float32 /
+         * bfloat16, time against the separate epilogue: 32x1024x64 0.87, 32x1024x96 0.91, 32x1024x128
+         * 0.93-0.96, 32x2000x128 0.94-0.95; but 32x1024x256 1.03, 32x1024x512 1.05, 32x512x768
+         * 1.01-1.05, and a 180-document screen 1.17 (its u fits L1). */
+        int fused = docs >= 512 && group->depth.steps <= 2;
+        nk_samx_dots_block_pair(group, d, first_doc, docs, fused ? growth : NULL, u, prefetch);
+        if (!fused)
+            nk_samx_finish(group, d, 0, rows, first_doc, docs, 0, tiles, (int32_t const *)(void const *)u,
+                           nk_samx_stride(docs), growth, u);
+    }
+    else {
         for (unsigned half = 0; 16 * half < rows; ++half)
             nk_samx_dots_block(group, d, half, first_doc, docs, u, prefetch);
-    nk_samx_finish(group, d, 0, rows, first_doc, docs, growth, u);
+        nk_samx_finish(group, d, 0, rows, first_doc, docs, 0, tiles, (int32_t const *)(void const *)u,
+                       nk_samx_stride(docs), growth, u);
+    }
     nk_x512_read_tops(group->top, rows, docs, top);
 }
 #define nk_family_screen nk_samx_screen
@@ -507,7 +549,7 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
             uint64_t stride = nk_samx_stride(docs);
             for (uint64_t j = 0; j < docs; ++j) inv_d[j] = nk_integer_inv_norm(d->norms2[first_doc + j]);
             if (rows > 16 && group.single_pass && !group.depth.tiny)
-                nk_samx_dots_block_pair(&group, &ds, first_doc, docs, u, &prefetch);
+                nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, u, &prefetch);
             else
                 for (unsigned half = 0; 16 * half < rows; ++half)
                     nk_samx_dots_block(&group, &ds, half, first_doc, docs, u, &prefetch);
