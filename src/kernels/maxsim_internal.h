@@ -451,14 +451,14 @@ static inline int nk_dtype_is_exact_integer(int dtype) {
     return dtype == nk_dtype_e4m3_k || dtype == nk_dtype_e2m3_k || dtype == nk_dtype_e3m2_k;
 }
 
-/* Distance contributed by one query row (inverse norm inv_q) whose best cosine is `best_cos`:
- * max(0, 1 - best_cos), and exactly 1 for a zero row, whose best_cos is not looked at. */
 /* The contract's exact cosine of a pair from its dot product: dot * inv_q * inv_d, left to right; a zero
  * document row (inv_d 0) has cosine 0. */
 static inline double nk_exact_cosine(double dot, double inv_q, double inv_d) {
     return inv_d == 0.0 ? 0.0 : dot * inv_q * inv_d;
 }
 
+/* Distance contributed by one query row (inverse norm inv_q) whose best cosine is `best_cos`:
+ * max(0, 1 - best_cos), and exactly 1 for a zero row, whose best_cos is not looked at. */
 static inline double nk_row_distance(double inv_q, double best_cos) {
     if (inv_q == 0.0) return 1.0;
     double distance = 1.0 - best_cos;
