@@ -9,8 +9,9 @@
  * whole depth in one pass, both query tiles share every document tile load (the pair form).
  *
  * Stack (beside the driver's 133 KB of u): 24 KB of A tiles, 13 KB padded copy of the last document
- * tile, 16 KB of accumulator copies. Nothing is allocated. Built with NK_AMX_EMULATE (tests/c), the tile instructions are C
- * functions (amx_emulation.h), so CPUs without AMX check this family's logic too.
+ * tile, 16 KB of accumulator copies. Nothing is allocated. Built with NK_AMX_EMULATE (tests/c), the
+ * tile instructions are C functions (amx_emulation.h), so CPUs without AMX check this family's logic
+ * too.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -478,25 +479,22 @@ static void nk_samx_prepare(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d
 
 static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t rows, nk_maxsim_view_t const *d,
                            uint64_t first_doc, uint64_t docs, float *u, int32_t *top, nk_prefetch_stream_t *prefetch) {
-    uint64_t tiles = (docs + 15) / 16;
+    int fused = 0;
     for (unsigned r = 0; r < rows; ++r) _mm512_store_ps(group->top[r], _mm512_set1_ps(-INFINITY));
     if (rows > 16 && group->single_pass && !group->depth.tiny) {
-        /* The fused epilogue from 512 documents (u over 64 KB) at depths of one or two steps. C, float32 /
-         * bfloat16, time against the separate epilogue: 32x1024x64 0.87, 32x1024x96 0.91, 32x1024x128
-         * 0.93-0.96, 32x2000x128 0.94-0.95; but 32x1024x256 1.03, 32x1024x512 1.05, 32x512x768
-         * 1.01-1.05, and a 180-document screen 1.17 (its u fits L1). */
-        int fused = docs >= 512 && group->depth.steps <= 2;
+        /* The fused epilogue from 512 documents (u over 64 KB) at depths of one or two steps. C, time
+         * against the separate epilogue: 32x1024x128 0.94-0.97, 32x2000x128 0.94-0.95, 32x1024x96 0.91,
+         * 32x1024x64 0.87; but 32x1024x256 1.03, 32x1024x512 1.05, 32x512x768 1.01-1.05, and a
+         * 180-document screen 1.17 (its u fits L1). */
+        fused = docs >= 512 && group->depth.steps <= 2;
         nk_samx_dots_block_pair(group, d, first_doc, docs, fused ? growth : NULL, u, prefetch);
-        if (!fused)
-            nk_samx_finish(group, d, 0, rows, first_doc, docs, 0, tiles, (int32_t const *)(void const *)u,
-                           nk_samx_stride(docs), growth, u);
     }
-    else {
+    else
         for (unsigned half = 0; 16 * half < rows; ++half)
             nk_samx_dots_block(group, d, half, first_doc, docs, u, prefetch);
-        nk_samx_finish(group, d, 0, rows, first_doc, docs, 0, tiles, (int32_t const *)(void const *)u,
+    if (!fused)
+        nk_samx_finish(group, d, 0, rows, first_doc, docs, 0, (docs + 15) / 16, (int32_t const *)(void const *)u,
                        nk_samx_stride(docs), growth, u);
-    }
     nk_x512_read_tops(group->top, rows, docs, top);
 }
 #define nk_family_screen nk_samx_screen
