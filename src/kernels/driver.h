@@ -249,18 +249,14 @@ static void nk_driver_drain(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d
         if (!(lists->u[r][top] >= g->cut[r])) break;
         uint64_t doc = first_doc + (uint64_t)lists->doc[r][top];
         nk_driver_remove(lists, r, top);
-        double inv_d = d->inv_norms[doc], dot;
-        if (inv_d == 0.0) {
-            nk_driver_take(g, r, 0.0);
-            continue;
-        }
+        double dot;
         void const *d_row = (char const *)d->values + doc * d->row_bytes;
 #if NK_FAMILY_DECODE
         if (decoded) dot = nk_family_dot_decoded((int)q->dtype, decoded, d_row, q->depth);
         else
 #endif
             nk_family_dot_batch((int)q->dtype, &q_row, &d_row, 1, q->depth, &dot);
-        nk_driver_take(g, r, dot * inv_q * inv_d);
+        nk_driver_take(g, r, nk_exact_cosine(dot, inv_q, d->inv_norms[doc]));
     }
     lists->count[r] = 0;
     (void)decoded;

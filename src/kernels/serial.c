@@ -70,10 +70,9 @@ double nk_maxsim_serial(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
         void const *q_row = (char const *)q->values + i * row_bytes;
         double best = -2.0; /* a zero query row has no cosine: nk_row_distance counts it as 1 */
         for (uint64_t j = 0; j < d->vectors && inv_q != 0.0; ++j) {
-            double inv_d = d->inv_norms[j];
-            double cos = inv_d == 0.0 ? 0.0
-                                      : nk_dot_serial((int)q->dtype, q_row, (char const *)d->values + j * row_bytes,
-                                                      q->depth) * inv_q * inv_d;
+            double cos = nk_exact_cosine(
+                nk_dot_serial((int)q->dtype, q_row, (char const *)d->values + j * row_bytes, q->depth), inv_q,
+                d->inv_norms[j]);
             if (cos > best) best = cos;
         }
         total += nk_row_distance(inv_q, best);

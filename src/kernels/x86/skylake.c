@@ -35,16 +35,6 @@ static inline double nk_skl_dot(int dtype, void const *a, void const *b, uint64_
     return nk_x512_dot_stored(dtype, a, b, n);
 }
 
-/* Exact cosine exactly as the contract states: (float64 dot) * inv_q * inv_d. */
-static inline double nk_skl_cosine(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d, uint64_t row_bytes,
-                                   uint64_t i, double inv_q, uint64_t j) {
-    double inv_d = d->inv_norms[j];
-    if (inv_d == 0.0) return 0.0;
-    return nk_skl_dot((int)q->dtype, (char const *)q->values + i * row_bytes, (char const *)d->values + j * row_bytes,
-                      q->depth) *
-           inv_q * inv_d;
-}
-
 /* driver.h's batch of exact dot products, pair by pair. */
 static void nk_skl_dot_batch(int dtype, void const *const *a, void const *const *b, unsigned n, uint64_t depth,
                              double *out) {
