@@ -40,9 +40,10 @@
  *                         nk_prefetch_stream_t *prefetch)
  *       Step 1 for documents [first_doc, first_doc + docs) (first_doc a multiple of NK_DRIVER_BLOCK):
  *       u[r * stride + j] (stride = nk_family_stride(docs)) for r < rows, j < docs, with
- *       b_r = growth[r], and -inf for docs <= j < docs rounded up to 16; top[r] in [0, docs), or -1
- *       when the row has no finite u, naming a u at most 2^-16 |u| below the row's largest (what
- *       tagging a u's low 6 mantissa bits with its tile loses); the driver bounds the row from it.
+ *       b_r = growth[r] (NK_DRIVER_ROWS entries, all set, kept until the group ends), and -inf for
+ *       docs <= j < docs rounded up to 16; top[r] in [0, docs), or -1 when the row has no finite u,
+ *       naming a u at most 2^-16 |u| below the row's largest (what tagging a u's low 6 mantissa bits
+ *       with its tile loses); the driver bounds the row from it.
  *       The family may use u as scratch until it returns. Its screening loop takes a line of
  *       `prefetch` (the next document) per step.
  *   The compares of step 3, over 16-document tiles of one row's u (64-byte aligned):
