@@ -130,19 +130,32 @@ NK_INLINE void nk_x512_add_product_ps(__m512 product, __m512d *low, __m512d *hig
     *high = _mm512_add_pd(*high, _mm512_cvtps_pd(_mm512_extractf32x8_ps(product, 1)));
 }
 
+/* Products of 8 float16 elements k .. k+7 (`lanes` of them) of two rows added, widened, to `sum`. */
+NK_INLINE void nk_x512_add_f16_products8(void const *a, void const *b, uint64_t k, __mmask8 lanes, __m512d *sum) {
+    __m256 x = _mm256_cvtph_ps(_mm_maskz_loadu_epi16(lanes, (uint16_t const *)a + k));
+    __m256 y = _mm256_cvtph_ps(_mm_maskz_loadu_epi16(lanes, (uint16_t const *)b + k));
+    *sum = _mm512_add_pd(*sum, _mm512_cvtps_pd(_mm256_mul_ps(x, y)));
+}
+
 /* Unscaled dot product of two stored half-based rows. A product of two halves (11-bit significands)
  * is exact in float32, so each pair is multiplied there and only the product is widened. */
 NK_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b, uint64_t depth) {
     __m512d low = _mm512_setzero_pd(), high = _mm512_setzero_pd();
     uint64_t k = 0;
-    /* float16 loads are cheap: two steps an iteration keep more of them ahead (measured 7 % faster at
-     * depth 128; the minifloats' decoding already does, and measured slower unrolled). */
-    for (; dtype == nk_dtype_float16_k && k + 32 <= depth; k += 32) {
-        __m512 p0 = _mm512_mul_ps(nk_x512_load16_half(dtype, a, k, 0xFFFF), nk_x512_load16_half(dtype, b, k, 0xFFFF));
-        __m512 p1 = _mm512_mul_ps(nk_x512_load16_half(dtype, a, k + 16, 0xFFFF),
-                                  nk_x512_load16_half(dtype, b, k + 16, 0xFFFF));
-        nk_x512_add_product_ps(p0, &low, &high);
-        nk_x512_add_product_ps(p1, &low, &high);
+    if (dtype == nk_dtype_float16_k) {
+        /* Each half of a step in 256-bit registers, so no product is extracted from a 512-bit one:
+         * depth 128 15.0 against 16.3 ns, 768 84 against 90 (8 in a batch); the minifloats decode 16
+         * bytes at a time, which a split would double. */
+        for (; k + 16 <= depth; k += 16) {
+            nk_x512_add_f16_products8(a, b, k, 0xFF, &low);
+            nk_x512_add_f16_products8(a, b, k + 8, 0xFF, &high);
+        }
+        if (k < depth) {
+            __mmask16 lanes = nk_x512_tail_mask(depth - k);
+            nk_x512_add_f16_products8(a, b, k, (__mmask8)lanes, &low);
+            nk_x512_add_f16_products8(a, b, k + 8, (__mmask8)(lanes >> 8), &high);
+        }
+        return nk_x512_reduce16(low, high);
     }
     for (; k + 16 <= depth; k += 16)
         nk_x512_add_product_ps(_mm512_mul_ps(nk_x512_load16_half(dtype, a, k, 0xFFFF),
