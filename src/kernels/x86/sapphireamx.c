@@ -526,9 +526,51 @@ static void nk_samx_int8_bias(nk_maxsim_view_t const *q, uint64_t first, uint64_
     }
 }
 
+/* Row r's best cosine over a block from its biased sums (`sums`, `docs` of them): a float32 screen
+ * f_j = (float)dot_j * w_j with w_j within 2^-14 of 1 / sqrt(norms2_j) (vrsqrt14), then the exact
+ * cosine, ((double)dot_j * inv_q) * inv_d, of every document whose f_j is within `tolerance` of the
+ * largest. |f_j - g_j| <= 2^-13.5 |g_j| for g_j = dot_j * inv_d, and |g_j| <= sqrt(norms2_q) (Cauchy-
+ * Schwarz on the codes), so with tolerance = 2^-12 sqrt(norms2_q) every document left out has a g, and
+ * so a float64 cosine, below the largest one's: the maximum is the one over all documents, bit for bit.
+ * The float64 pass this replaces (8 cosines a vector, and a square root and a division per document
+ * for every query group) made int8 slower than bfloat16's screening on the same tiles. */
+static double nk_samx_int8_row_best(int32_t const *sums, int32_t bias, float const *weights, uint64_t docs,
+                                    uint32_t const *norms2_d, double inv_q, double tolerance, float *screened) {
+    uint64_t tiles = (docs + 15) / 16;
+    __m512i unbias = _mm512_set1_epi32(bias);
+    __m512 minus_infinity = _mm512_set1_ps(-INFINITY), most = minus_infinity;
+    for (uint64_t t = 0; t < tiles; ++t) {
+        __mmask16 lanes = nk_x512_tail_mask(docs - 16 * t);
+        __m512i dot = _mm512_sub_epi32(_mm512_load_si512((void const *)(sums + 16 * t)), unbias);
+        __m512 f = _mm512_mask_mul_ps(minus_infinity, lanes, _mm512_cvtepi32_ps(dot), _mm512_load_ps(weights + 16 * t));
+        most = _mm512_max_ps(most, f);
+        _mm512_store_ps(screened + 16 * t, f);
+    }
+    __m512 cut = _mm512_set1_ps(nk_f32_at_most((double)_mm512_reduce_max_ps(most) - tolerance));
+    double best = -2.0;
+    uint64_t t = 0;
+    for (; t + 4 <= tiles; t += 4) {
+        if (!nk_x512_any_hit4(screened + 16 * t, cut)) continue;
+        for (uint64_t v = t; v < t + 4; ++v)
+            for (uint64_t bits = nk_x512_hit_bits(screened + 16 * v, cut); bits; bits &= bits - 1) {
+                uint64_t j = 16 * v + nk_ctz64(bits);
+                double cos = (double)(int32_t)((uint32_t)sums[j] - (uint32_t)bias) * inv_q * nk_integer_inv_norm(norms2_d[j]);
+                if (cos > best) best = cos;
+            }
+    }
+    for (; t < tiles; ++t)
+        for (uint64_t bits = nk_x512_hit_bits(screened + 16 * t, cut); bits; bits &= bits - 1) {
+            uint64_t j = 16 * t + nk_ctz64(bits);
+            double cos = (double)(int32_t)((uint32_t)sums[j] - (uint32_t)bias) * inv_q * nk_integer_inv_norm(norms2_d[j]);
+            if (cos > best) best = cos;
+        }
+    return best;
+}
+
 static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     _Alignas(64) float u[NK_SAMX_ROWS * NK_SAMX_STRIDE]; /* the tile GEMM's int32 sums */
-    _Alignas(64) double inv_d[NK_SAMX_BLOCK_DOCS];
+    _Alignas(64) float weights[NK_SAMX_BLOCK_DOCS];     /* ~ 1 / sqrt(norms2) of the block's documents */
+    _Alignas(64) float screened[NK_SAMX_BLOCK_DOCS];    /* one row's float32 screen */
     _Alignas(64) nk_samx_group_t group;
     int32_t bias[NK_SAMX_ROWS];
     /* The values as the screen sections the tile code reads. */
@@ -538,31 +580,32 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
     double total = 0.0;
     for (uint64_t first = 0; first < q->vectors; first += NK_SAMX_ROWS) {
         uint64_t rows = q->vectors - first < NK_SAMX_ROWS ? q->vectors - first : NK_SAMX_ROWS;
-        double best[NK_SAMX_ROWS], inv_q[NK_SAMX_ROWS];
-        for (uint64_t r = 0; r < rows; ++r) best[r] = -2.0, inv_q[r] = nk_integer_inv_norm(q->norms2[first + r]);
+        double best[NK_SAMX_ROWS], inv_q[NK_SAMX_ROWS], tolerance[NK_SAMX_ROWS];
+        for (uint64_t r = 0; r < rows; ++r) {
+            best[r] = -2.0, inv_q[r] = nk_integer_inv_norm(q->norms2[first + r]);
+            tolerance[r] = sqrt((double)q->norms2[first + r]) * 0x1p-12;
+        }
         nk_samx_int8_bias(&qs, first, rows, bias);
         nk_samx_prepare_tiles(&qs, &ds, first, rows, &group);
         for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_SAMX_BLOCK_DOCS) {
             uint64_t docs = d->vectors - first_doc < NK_SAMX_BLOCK_DOCS ? d->vectors - first_doc : NK_SAMX_BLOCK_DOCS;
             uint64_t stride = nk_samx_stride(docs);
-            for (uint64_t j = 0; j < docs; ++j) inv_d[j] = nk_integer_inv_norm(d->norms2[first_doc + j]);
+            for (uint64_t j = 0; j < docs; j += 16) { /* a zero row's weight is 0, not rsqrt(0) = inf */
+                __mmask16 lanes = nk_x512_tail_mask(docs - j);
+                __m512i norms2 = _mm512_maskz_loadu_epi32(lanes, d->norms2 + first_doc + j);
+                __mmask16 nonzero = _mm512_test_epi32_mask(norms2, norms2);
+                _mm512_store_ps(weights + j, _mm512_maskz_rsqrt14_ps(nonzero, _mm512_cvtepu32_ps(norms2)));
+            }
             if (rows > 16 && group.single_pass && !group.depth.tiny)
                 nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, u, &prefetch);
             else
                 for (unsigned half = 0; 16 * half < rows; ++half)
                     nk_samx_dots_block(&group, &ds, half, first_doc, docs, u, &prefetch);
             for (uint64_t r = 0; r < rows; ++r) {
-                int32_t const *sums = (int32_t const *)(void const *)(u + r * stride);
-                __m512i unbias = _mm512_set1_epi32(bias[r]);
-                __m512d scale = _mm512_set1_pd(inv_q[r]), most = _mm512_set1_pd(-2.0);
-                for (uint64_t j = 0; j < docs; j += 8) {
-                    __mmask8 lanes = docs - j >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << (docs - j)) - 1u);
-                    __m256i dot = _mm256_sub_epi32(_mm256_maskz_loadu_epi32(lanes, sums + j), _mm512_castsi512_si256(unbias));
-                    __m512d cos = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(dot), scale),
-                                                _mm512_maskz_loadu_pd(lanes, inv_d + j));
-                    most = _mm512_mask_max_pd(most, lanes, most, cos);
-                }
-                double block_best = _mm512_reduce_max_pd(most);
+                if (inv_q[r] == 0.0) continue; /* a zero row: distance 1 whatever its cosines */
+                double block_best = nk_samx_int8_row_best((int32_t const *)(void const *)(u + r * stride), bias[r],
+                                                          weights, docs, d->norms2 + first_doc, inv_q[r], tolerance[r],
+                                                          screened);
                 if (block_best > best[r]) best[r] = block_best;
             }
         }
