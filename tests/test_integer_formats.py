@@ -93,6 +93,25 @@ def test_a_wrong_best_document_would_fail(name):
     assert cos[-1] - cos[-2] > 1e-9 or cos[-1] == cos[-2]
 
 
+@pytest.mark.parametrize("name", INTEGER)
+def test_equal_and_nearly_equal_documents_in_one_block(name):
+    """Documents repeated 16 rows apart (the same lane of different 16-row tiles, which the AMX int8
+    epilogue keeps only the best of) and near copies of the query rows, with 32 query rows and a
+    1,030-document matrix: the tied and nearly tied bests must give the exact score on every family."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((32, 128))
+    base = rng.standard_normal((16, 128))
+    y = np.tile(base, (65, 1))[:1030].copy()  # row j equals row j + 16
+    y[100:132] = x + 1e-3 * rng.standard_normal((32, 128))  # a near copy of every query row
+    y[500:532] = y[100:132]  # and that copy again, 400 rows on: the same lanes
+    y[700:732] = x + 2e-3 * rng.standard_normal((32, 128))  # a runner-up close behind
+    q, d = nk.maxsim_pack(x, name), nk.maxsim_pack(y, name)
+    expected = reference(x, y, name)
+    scores = {cap: nk.maxsim_packed(q, d, capabilities=cap) for cap in nk.Capability if cap & nk.get_capabilities()}
+    assert len(set(scores.values())) == 1, scores
+    assert_score_close(scores[nk.Capability.SERIAL], expected, 1e-12, name)
+
+
 def test_uint1_cosine_is_depth_minus_twice_hamming():
     rng = np.random.default_rng(6)
     depth = 77

@@ -9,9 +9,9 @@
  * whole depth in one pass, both query tiles share every document tile load (the pair form).
  *
  * Stack (beside the driver's 133 KB of u): 24 KB of A tiles, 13 KB padded copy of the last document
- * tile, 16 KB of accumulator copies. Nothing is allocated. Built with NK_AMX_EMULATE (tests/c), the
- * tile instructions are C functions (amx_emulation.h), so CPUs without AMX check this family's logic
- * too.
+ * tile, 16 KB of accumulator copies (the int8 path: 6 KB of tops more). Nothing is allocated. Built
+ * with NK_AMX_EMULATE (tests/c), the tile instructions are C functions (amx_emulation.h), so CPUs
+ * without AMX check this family's logic too.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -307,6 +307,55 @@ static void nk_samx_finish(nk_samx_group_t *group, nk_maxsim_view_t const *d, ui
     }
 }
 
+/* The int8 path's fused epilogue (nk_samx_int8): per query row and lane, the largest float32 screen
+ * value f (tagged with its tile, nk_x512_tag), the second largest, and the exact dot product of the
+ * largest, kept while the tile unit computes the next quad of sums, which then need not be stored
+ * for the whole block. */
+typedef struct nk_samx_int8_tops {
+    _Alignas(64) float first[NK_SAMX_ROWS][16];
+    _Alignas(64) float second[NK_SAMX_ROWS][16];
+    _Alignas(64) int32_t dot[NK_SAMX_ROWS][16];
+    float const *weights; /* the block's ~ 1 / sqrt(norms2) (nk_samx_int8) */
+    int32_t const *bias;  /* per query row, what the biased document bytes add to its dot products */
+} nk_samx_int8_tops_t;
+
+/* Raise the tops of rows [0, rows) with tiles [t, t + DT) (DT 1..4, compile-time; all lanes present
+ * but the last tile's `last_lanes`), whose biased sums are at sums + 64 r + 16 k. */
+NK_INLINE void nk_samx_int8_quad(nk_samx_int8_tops_t *tops, int32_t const *sums, uint64_t rows, uint64_t t,
+                                 __mmask16 last_lanes, int const DT) {
+    for (uint64_t r = 0; r < rows; ++r) {
+        __m512 first = _mm512_load_ps(tops->first[r]), second = _mm512_load_ps(tops->second[r]);
+        __m512i dot = _mm512_load_si512((void const *)tops->dot[r]), bias = _mm512_set1_epi32(tops->bias[r]);
+#pragma GCC unroll 4
+        for (int k = 0; k < DT; ++k) {
+            __mmask16 lanes = k + 1 < DT ? (__mmask16)0xFFFF : last_lanes;
+            __m512i exact = _mm512_sub_epi32(_mm512_load_si512((void const *)(sums + 64 * r + 16 * k)), bias);
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_load_ps(tops->weights + 16 * (t + (uint64_t)k)));
+            __m512 tagged = nk_x512_tag(f, (unsigned)(t + (uint64_t)k));
+            __mmask16 above = _mm512_mask_cmp_ps_mask(lanes, tagged, first, _CMP_GT_OQ);
+            second = _mm512_mask_max_ps(second, lanes, second, _mm512_min_ps(first, tagged));
+            first = _mm512_mask_mov_ps(first, above, tagged);
+            dot = _mm512_mask_mov_epi32(dot, above, exact);
+        }
+        _mm512_store_ps(tops->first[r], first);
+        _mm512_store_ps(tops->second[r], second);
+        _mm512_store_si512((void *)tops->dot[r], dot);
+    }
+}
+
+/* nk_samx_int8_quad for tiles [t0, t1) (at most 4) of a block of `docs`. */
+static void nk_samx_int8_tiles(nk_samx_int8_tops_t *tops, int32_t const *sums, uint64_t rows, uint64_t docs,
+                               uint64_t t0, uint64_t t1) {
+    uint64_t partial = docs % 16;
+    __mmask16 lanes = t1 == (docs + 15) / 16 && partial ? (__mmask16)((1u << partial) - 1u) : (__mmask16)0xFFFF;
+    switch (t1 - t0) {
+    case 4: nk_samx_int8_quad(tops, sums, rows, t0, lanes, 4); break;
+    case 3: nk_samx_int8_quad(tops, sums, rows, t0, lanes, 3); break;
+    case 2: nk_samx_int8_quad(tops, sums, rows, t0, lanes, 2); break;
+    default: nk_samx_int8_quad(tops, sums, rows, t0, lanes, 1); break;
+    }
+}
+
 /* The biased sums of one query tile (rows [16 half, 16 half + 16) of the group) against documents
  * [first_doc, first_doc + docs) into u, depth pass by depth pass. */
 static void nk_samx_dots_block(nk_samx_group_t *group, nk_maxsim_view_t const *d, unsigned half, uint64_t first_doc,
@@ -411,17 +460,20 @@ NK_INLINE void nk_samx_pair_dots(int8_t const *a0, int8_t const *a1, uint8_t con
  * epilogue is fused: each quad of 4 document tiles leaves its accumulators in the group's L1 copy
  * (`quads`), and the quad before is turned into u while the tile unit works on this one, so u is
  * written once rather than stored, read back and written again. That pays where u outgrows L1 and
- * the tile unit's share is small (nk_samx_screen). */
+ * the tile unit's share is small (nk_samx_screen). With `int8` instead, the quads raise the int8
+ * path's tops (nk_samx_int8_quad) and u is not written. */
 static void nk_samx_dots_block_pair(nk_samx_group_t *group, nk_maxsim_view_t const *d, uint64_t first_doc,
-                                    uint64_t docs, float const *growth, float *u, nk_prefetch_stream_t *prefetch) {
+                                    uint64_t docs, float const *growth, float *u, nk_samx_int8_tops_t *int8,
+                                    nk_prefetch_stream_t *prefetch) {
     nk_samx_depth_t const depth = group->depth;
     uint64_t tile_bytes = NK_SCREEN_TILE * d->screen_depth, tiles = (docs + 15) / 16;
     uint64_t direct_tiles = first_doc + docs == d->vectors && docs % 16 ? tiles - 1 : tiles;
     uint64_t tail_back = 64 * depth.pad;
     uint8_t const *block = d->screen + first_doc * d->screen_depth;
-    uint64_t sums_stride = growth ? 64 : nk_samx_stride(docs), row_bytes = 4 * sums_stride;
+    int fused = growth || int8;
+    uint64_t sums_stride = fused ? 64 : nk_samx_stride(docs), row_bytes = 4 * sums_stride;
     for (uint64_t t = 0; t < tiles; t += 4) {
-        int32_t *sums = growth ? group->quads[t / 4 % 2] : (int32_t *)(void *)u + 16 * t;
+        int32_t *sums = fused ? group->quads[t / 4 % 2] : (int32_t *)(void *)u + 16 * t;
         for (uint64_t p = t; p < t + 4 && p < tiles; p += 2) {
             uint8_t const *doc[2];
             for (unsigned k = 0; k < 2; ++k)
@@ -443,12 +495,15 @@ static void nk_samx_dots_block_pair(nk_samx_group_t *group, nk_maxsim_view_t con
         if (growth && t)
             nk_samx_finish(group, d, 0, group->rows, first_doc, docs, t - 4, t, group->quads[(t / 4 + 1) % 2], 64,
                            growth, u);
+        else if (int8 && t)
+            nk_samx_int8_tiles(int8, group->quads[(t / 4 + 1) % 2], group->rows, docs, t - 4, t);
     }
-    if (growth) {
-        uint64_t last = (tiles - 1) / 4 * 4;
+    uint64_t last = (tiles - 1) / 4 * 4;
+    if (growth)
         nk_samx_finish(group, d, 0, group->rows, first_doc, docs, last, tiles, group->quads[last / 4 % 2], 64, growth,
                        u);
-    }
+    else if (int8)
+        nk_samx_int8_tiles(int8, group->quads[last / 4 % 2], group->rows, docs, last, tiles);
 }
 
 /* ---- The driver's primitives. ---- */
@@ -487,7 +542,7 @@ static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t
          * 32x1024x64 0.87; but 32x1024x256 1.03, 32x1024x512 1.05, 32x512x768 1.01-1.05, and a
          * 180-document screen 1.17 (its u fits L1). */
         fused = docs >= 512 && group->depth.steps <= 2;
-        nk_samx_dots_block_pair(group, d, first_doc, docs, fused ? growth : NULL, u, prefetch);
+        nk_samx_dots_block_pair(group, d, first_doc, docs, fused ? growth : NULL, u, NULL, prefetch);
     }
     else
         for (unsigned half = 0; 16 * half < rows; ++half)
@@ -574,17 +629,40 @@ static double nk_samx_int8_row_best(int32_t const *sums, int32_t bias, float con
     return best;
 }
 
+/* Row r's best cosine from its fused-epilogue tops (nk_samx_int8_tops_t), or NaN when some lane's
+ * second largest f reaches the cut: a document other than the lanes' largest may then be the best,
+ * and the caller screens the row again from all its sums. `tolerance` is nk_samx_int8_row_best's,
+ * widened by 2^-15 sqrt(norms2_q) for the tags (each within 2^-17 |f| of its f). */
+static double nk_samx_int8_resolve(nk_samx_int8_tops_t const *tops, unsigned r, uint32_t const *norms2_d,
+                                   double inv_q, double tolerance) {
+    __m512 first = _mm512_load_ps(tops->first[r]);
+    __m512 cut = _mm512_set1_ps(nk_f32_at_most((double)_mm512_reduce_max_ps(first) - tolerance));
+    if (_mm512_cmp_ps_mask(_mm512_load_ps(tops->second[r]), cut, _CMP_GE_OQ)) return NAN;
+    double best = -2.0;
+    for (uint32_t lanes = _mm512_cmp_ps_mask(first, cut, _CMP_GE_OQ); lanes; lanes &= lanes - 1) {
+        unsigned lane = nk_ctz32(lanes);
+        int32_t bits;
+        memcpy(&bits, &tops->first[r][lane], sizeof bits);
+        uint64_t j = 16 * (uint64_t)(bits & NK_X512_TAG_BITS) + lane;
+        double cos = (double)tops->dot[r][lane] * inv_q * nk_integer_inv_norm(norms2_d[j]);
+        if (cos > best) best = cos;
+    }
+    return best;
+}
+
 static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     _Alignas(64) float u[NK_SAMX_ROWS * NK_SAMX_STRIDE]; /* the tile GEMM's int32 sums */
     _Alignas(64) float weights[NK_SAMX_BLOCK_DOCS];     /* ~ 1 / sqrt(norms2) of the block's documents */
     _Alignas(64) float screened[NK_SAMX_BLOCK_DOCS];    /* one row's float32 screen */
     _Alignas(64) nk_samx_group_t group;
+    _Alignas(64) nk_samx_int8_tops_t tops;
     int32_t bias[NK_SAMX_ROWS];
     /* The values as the screen sections the tile code reads. */
     nk_maxsim_view_t qs = *q, ds = *d;
     qs.screen = (uint8_t const *)q->values, ds.screen = (uint8_t const *)d->values;
     nk_prefetch_stream_t prefetch = d->next;
     double total = 0.0;
+    tops.weights = weights, tops.bias = bias;
     for (uint64_t first = 0; first < q->vectors; first += NK_SAMX_ROWS) {
         uint64_t rows = q->vectors - first < NK_SAMX_ROWS ? q->vectors - first : NK_SAMX_ROWS;
         double best[NK_SAMX_ROWS], inv_q[NK_SAMX_ROWS], tolerance[NK_SAMX_ROWS];
@@ -594,22 +672,46 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
         }
         nk_samx_int8_bias(&qs, first, rows, bias);
         nk_samx_prepare_tiles(&qs, &ds, first, rows, &group);
+        /* Both query tiles, the whole depth in one pass: the fused epilogue, whose tile stores stay in L1
+         * (A/B against storing every sum of the block: 32x1024x128 0.93, 1024x1024x128 0.82 of the time). */
+        int fused = rows > 16 && group.single_pass && !group.depth.tiny;
         for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_SAMX_BLOCK_DOCS) {
             uint64_t docs = d->vectors - first_doc < NK_SAMX_BLOCK_DOCS ? d->vectors - first_doc : NK_SAMX_BLOCK_DOCS;
             uint64_t stride = nk_samx_stride(docs);
+            uint32_t again = 0; /* rows screened again from all their sums */
             for (uint64_t j = 0; j < docs; j += 16) { /* a zero row's weight is 0, not rsqrt(0) = inf */
                 __mmask16 lanes = nk_x512_tail_mask(docs - j);
                 __m512i norms2 = _mm512_maskz_loadu_epi32(lanes, d->norms2 + first_doc + j);
                 __mmask16 nonzero = _mm512_test_epi32_mask(norms2, norms2);
                 _mm512_store_ps(weights + j, _mm512_maskz_rsqrt14_ps(nonzero, _mm512_cvtepu32_ps(norms2)));
             }
-            if (rows > 16 && group.single_pass && !group.depth.tiny)
-                nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, u, &prefetch);
-            else
-                for (unsigned half = 0; 16 * half < rows; ++half)
-                    nk_samx_dots_block(&group, &ds, half, first_doc, docs, u, &prefetch);
+            if (fused) {
+                for (uint64_t r = 0; r < rows; ++r) {
+                    _mm512_store_ps(tops.first[r], _mm512_set1_ps(-INFINITY));
+                    _mm512_store_ps(tops.second[r], _mm512_set1_ps(-INFINITY));
+                    _mm512_store_si512((void *)tops.dot[r], _mm512_setzero_si512());
+                }
+                nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, NULL, &tops, &prefetch);
+                for (uint64_t r = 0; r < rows; ++r) {
+                    if (inv_q[r] == 0.0) continue; /* a zero row: distance 1 whatever its cosines */
+                    double block_best = nk_samx_int8_resolve(&tops, (unsigned)r, d->norms2 + first_doc, inv_q[r],
+                                                             tolerance[r] * (1.0 + 0x1p-3));
+                    if (block_best != block_best) again |= 1u << r;
+                    else if (block_best > best[r]) best[r] = block_best;
+                }
+                if (!again) continue;
+                nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, u, NULL, &prefetch);
+            }
+            else {
+                again = rows == 32 ? ~0u : (1u << rows) - 1u;
+                if (rows > 16 && group.single_pass && !group.depth.tiny)
+                    nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, u, NULL, &prefetch);
+                else
+                    for (unsigned half = 0; 16 * half < rows; ++half)
+                        nk_samx_dots_block(&group, &ds, half, first_doc, docs, u, &prefetch);
+            }
             for (uint64_t r = 0; r < rows; ++r) {
-                if (inv_q[r] == 0.0) continue; /* a zero row: distance 1 whatever its cosines */
+                if (inv_q[r] == 0.0 || !(again >> r & 1)) continue;
                 double block_best = nk_samx_int8_row_best((int32_t const *)(void const *)(u + r * stride), bias[r],
                                                           weights, docs, d->norms2 + first_doc, inv_q[r], tolerance[r],
                                                           screened);
