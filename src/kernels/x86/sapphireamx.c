@@ -356,6 +356,21 @@ static void nk_samx_int8_tiles(nk_samx_int8_tops_t *tops, int32_t const *sums, u
     }
 }
 
+/* Tile t of an int4 matrix (words of 8 depths: depth 8g + j in the low nibble of byte j of word g,
+ * 8g + 4 + j in its high one, each q + 8) as a whole int8 document tile of the screen layout: line 2g
+ * the low nibbles, line 2g + 1 the high ones, bytes q + 8 (lanes past the matrix read as q = 0). */
+static void nk_samx_unpack_int4_tile(nk_maxsim_view_t const *d, uint64_t t, uint8_t *out) {
+    uint64_t first = 16 * t, lanes = d->vectors - first < 16 ? d->vectors - first : 16;
+    __mmask16 present = nk_x512_tail_mask(lanes);
+    uint8_t const *tile = (uint8_t const *)d->values + first * d->row_bytes;
+    __m512i nibble = _mm512_set1_epi8(0x0F), zero = _mm512_set1_epi8((char)0x88);
+    for (uint64_t g = 0; g < d->row_bytes / 4; ++g, out += 128) {
+        __m512i words = _mm512_mask_loadu_epi32(zero, present, tile + g * 4 * lanes);
+        _mm512_store_si512((void *)out, _mm512_and_si512(words, nibble));
+        _mm512_store_si512((void *)(out + 64), _mm512_and_si512(_mm512_srli_epi16(words, 4), nibble));
+    }
+}
+
 /* The biased sums of one query tile (rows [16 half, 16 half + 16) of the group) against documents
  * [first_doc, first_doc + docs) into u, depth pass by depth pass. */
 static void nk_samx_dots_block(nk_samx_group_t *group, nk_maxsim_view_t const *d, unsigned half, uint64_t first_doc,
@@ -464,7 +479,7 @@ NK_INLINE void nk_samx_pair_dots(int8_t const *a0, int8_t const *a1, uint8_t con
  * path's tops (nk_samx_int8_quad) and u is not written. */
 static void nk_samx_dots_block_pair(nk_samx_group_t *group, nk_maxsim_view_t const *d, uint64_t first_doc,
                                     uint64_t docs, float const *growth, float *u, nk_samx_int8_tops_t *int8,
-                                    nk_prefetch_stream_t *prefetch) {
+                                    uint8_t *int4_tiles, nk_prefetch_stream_t *prefetch) {
     nk_samx_depth_t const depth = group->depth;
     uint64_t tile_bytes = NK_SCREEN_TILE * d->screen_depth, tiles = (docs + 15) / 16;
     uint64_t direct_tiles = first_doc + docs == d->vectors && docs % 16 ? tiles - 1 : tiles;
@@ -477,7 +492,12 @@ static void nk_samx_dots_block_pair(nk_samx_group_t *group, nk_maxsim_view_t con
         for (uint64_t p = t; p < t + 4 && p < tiles; p += 2) {
             uint8_t const *doc[2];
             for (unsigned k = 0; k < 2; ++k)
-                doc[k] = p + k < direct_tiles ? block + (p + k) * tile_bytes : group->last_tile;
+                if (int4_tiles) { /* int4 documents: the pair's tiles unpacked into L1 */
+                    if (p + k < tiles) nk_samx_unpack_int4_tile(d, first_doc / 16 + p + k, int4_tiles + k * tile_bytes);
+                    doc[k] = int4_tiles + k * tile_bytes;
+                }
+                else
+                    doc[k] = p + k < direct_tiles ? block + (p + k) * tile_bytes : group->last_tile;
             nk_prefetch_lines(prefetch, 16 * depth.steps); /* the next document: a line per depth group screened */
             int32_t *sums0 = sums + 16 * (p - t), *sums1 = sums0 + 16 * sums_stride;
             if (p + 1 < tiles) {
@@ -518,7 +538,7 @@ static void nk_samx_prepare_tiles(nk_maxsim_view_t const *q, nk_maxsim_view_t co
         for (unsigned half = 0; 16 * half < rows; ++half)
             nk_samx_build_query_tiles(q, &group->depth, first + 16 * half, 0, group->depth.steps,
                                       group->query_tiles[half]);
-        if (!group->depth.tiny && d->vectors % 16)
+        if (!group->depth.tiny && d->vectors % 16 && d->dtype != nk_dtype_int4_k) /* int4: unpacked per tile */
             nk_samx_copy_doc_tile(d, (d->vectors - 1) / 16, 0, 16 * group->depth.steps, group->last_tile);
     }
 }
@@ -542,7 +562,7 @@ static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t
          * 32x1024x64 0.87; but 32x1024x256 1.03, 32x1024x512 1.05, 32x512x768 1.01-1.05, and a
          * 180-document screen 1.17 (its u fits L1). */
         fused = docs >= 512 && group->depth.steps <= 2;
-        nk_samx_dots_block_pair(group, d, first_doc, docs, fused ? growth : NULL, u, NULL, prefetch);
+        nk_samx_dots_block_pair(group, d, first_doc, docs, fused ? growth : NULL, u, NULL, NULL, prefetch);
     }
     else
         for (unsigned half = 0; 16 * half < rows; ++half)
@@ -557,17 +577,21 @@ static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t
 #include "avx512_rescoring.h"
 #include "driver.h"
 
-/* ---- int8 with tiles. ----
+/* ---- int8 and int4 with tiles. ----
  * An int8 matrix's values are laid out as a screen section is (biased bytes in 16-row tiles of 4-byte
  * words), so the screening's tile GEMM runs on them unchanged and gives dot + 128 x (sum of the query
- * row's q); the epilogue removes that and takes the float64 maximum as integer_maxsim.h does. int4
- * and uint1 have no tile instruction and use avx512_integer.h's VNNI and VPOPCNTDQ. */
+ * row's q); the epilogue removes that and takes the float64 maximum that integer_maxsim.h takes. An
+ * int4 matrix's nibbles are unpacked into that layout on the way (documents q + 8, a tile pair at a
+ * time). uint1 has no tile instruction and uses avx512_integer.h's VPOPCNTDQ, as do int4 queries of
+ * one tile and depths outside one pass. */
 #include "avx512_integer.h"
 #include "integer_maxsim.h"
 
-/* 128 x the sum of q of query rows [first, first + rows) (at most 32): the stored bytes summed as
- * unsigned by vpdpbusd against bytes of 1, less 128 per stored depth (padding stores q = 0). */
-static void nk_samx_int8_bias(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows, int32_t *bias) {
+/* 2^shift x the sum of q of query rows [first, first + rows) (at most 32) of an int8 matrix (or an
+ * int4 query's nk_samx_int4_query copy): the stored bytes summed as unsigned by vpdpbusd against
+ * bytes of 1, less 128 per stored depth (padding stores q = 0). What document bytes q + 2^shift add. */
+static void nk_samx_int8_bias(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows, unsigned shift,
+                              int32_t *bias) {
     __m512i ones = _mm512_set1_epi8(1);
     for (uint64_t half = 0; 16 * half < rows; ++half) {
         uint64_t step, present = rows - 16 * half < 16 ? rows - 16 * half : 16;
@@ -577,7 +601,31 @@ static void nk_samx_int8_bias(nk_maxsim_view_t const *q, uint64_t first, uint64_
         for (uint64_t w = 0; w < q->row_bytes / 4; ++w, words += step)
             sums = _mm512_dpbusd_epi32(sums, _mm512_maskz_loadu_epi32(lanes, words), ones);
         __m512i unbiased = _mm512_sub_epi32(sums, _mm512_set1_epi32((int)(128 * q->screen_depth)));
-        _mm512_mask_storeu_epi32(bias + 16 * half, lanes, _mm512_slli_epi32(unbiased, 7));
+        _mm512_mask_storeu_epi32(bias + 16 * half, lanes, _mm512_sll_epi32(unbiased, _mm_cvtsi32_si128((int)shift)));
+    }
+}
+
+/* Rows [first, first + rows) (first a multiple of 32) of an int4 matrix as the int8 matrix of `rows`
+ * rows that nk_samx_prepare_tiles and nk_samx_int8_bias read (bytes q + 128, the same tile layout):
+ * `view` describes it, `out` holds it (rows x screen_depth bytes). */
+static void nk_samx_int4_query(nk_maxsim_view_t const *q, uint64_t first, uint64_t rows, nk_maxsim_view_t *view,
+                               uint8_t *out) {
+    __m512i nibble = _mm512_set1_epi8(0x0F), offset = _mm512_set1_epi8(120); /* q + 8 + 120 */
+    *view = *q;
+    view->dtype = nk_dtype_int8_k, view->vectors = rows, view->row_bytes = q->screen_depth;
+    view->values = out, view->screen = out;
+    for (uint64_t half = 0; 16 * half < rows; ++half) {
+        uint64_t lanes = rows - 16 * half < 16 ? rows - 16 * half : 16;
+        __mmask16 present = nk_x512_tail_mask(lanes);
+        uint8_t const *tile = (uint8_t const *)q->values + (first + 16 * half) * q->row_bytes;
+        uint8_t *to = out + 16 * half * q->screen_depth;
+        for (uint64_t g = 0; g < q->row_bytes / 4; ++g) {
+            __m512i words = _mm512_maskz_loadu_epi32(present, tile + g * 4 * lanes);
+            __m512i low = _mm512_add_epi8(_mm512_and_si512(words, nibble), offset);
+            __m512i high = _mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi16(words, 4), nibble), offset);
+            _mm512_mask_storeu_epi32(to + 2 * g * 4 * lanes, present, low);
+            _mm512_mask_storeu_epi32(to + (2 * g + 1) * 4 * lanes, present, high);
+        }
     }
 }
 
@@ -650,18 +698,24 @@ static double nk_samx_int8_resolve(nk_samx_int8_tops_t const *tops, unsigned r, 
     return best;
 }
 
-static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
-    _Alignas(64) float u[NK_SAMX_ROWS * NK_SAMX_STRIDE]; /* the tile GEMM's int32 sums */
+/* int8, and int4 whose bytes are unpacked to int8 ones on the way (nk_samx_int4_query,
+ * nk_samx_unpack_int4_tile; nk_samx_int4_fits), by tile GEMM: each row's best cosine from the fused
+ * epilogue's tops, or from all the sums of a block. */
+static double nk_samx_integer(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
+    /* the tile GEMM's int32 sums; for int4, first each group's query rows as int8 */
+    _Alignas(64) float u[NK_SAMX_ROWS * NK_SAMX_STRIDE];
+    _Alignas(64) uint8_t int4_tiles[2 * NK_SAMX_CHUNK_STEPS * NK_SAMX_STEP_BYTES]; /* two document tiles */
     _Alignas(64) float weights[NK_SAMX_BLOCK_DOCS];     /* ~ 1 / sqrt(norms2) of the block's documents */
     _Alignas(64) float screened[NK_SAMX_BLOCK_DOCS];    /* one row's float32 screen */
     _Alignas(64) nk_samx_group_t group;
     _Alignas(64) nk_samx_int8_tops_t tops;
     int32_t bias[NK_SAMX_ROWS];
     /* The values as the screen sections the tile code reads. */
-    nk_maxsim_view_t qs = *q, ds = *d;
+    nk_maxsim_view_t qs = *q, ds = *d, int4_query;
     qs.screen = (uint8_t const *)q->values, ds.screen = (uint8_t const *)d->values;
     nk_prefetch_stream_t prefetch = d->next;
     double total = 0.0;
+    int int4 = q->dtype == nk_dtype_int4_k;
     tops.weights = weights, tops.bias = bias;
     for (uint64_t first = 0; first < q->vectors; first += NK_SAMX_ROWS) {
         uint64_t rows = q->vectors - first < NK_SAMX_ROWS ? q->vectors - first : NK_SAMX_ROWS;
@@ -670,11 +724,21 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
             best[r] = -2.0, inv_q[r] = nk_integer_inv_norm(q->norms2[first + r]);
             tolerance[r] = sqrt((double)q->norms2[first + r]) * 0x1p-12;
         }
-        nk_samx_int8_bias(&qs, first, rows, bias);
-        nk_samx_prepare_tiles(&qs, &ds, first, rows, &group);
+        nk_maxsim_view_t const *query = &qs; /* the group's query rows as int8 */
+        uint64_t group_first = first;
+        if (int4) {
+            nk_samx_int4_query(q, first, rows, &int4_query, (uint8_t *)(void *)u);
+            query = &int4_query, group_first = 0;
+        }
+        nk_samx_int8_bias(query, group_first, rows, int4 ? 3u : 7u, bias);
+        nk_samx_prepare_tiles(query, &ds, group_first, rows, &group);
+        if (int4 && rows <= 16) /* the pair form multiplies an empty second query tile */
+            memset(group.query_tiles[1], 0, group.depth.steps * NK_SAMX_STEP_BYTES);
         /* Both query tiles, the whole depth in one pass: the fused epilogue, whose tile stores stay in L1
-         * (A/B against storing every sum of the block: 32x1024x128 0.93, 1024x1024x128 0.82 of the time). */
-        int fused = rows > 16 && group.single_pass && !group.depth.tiny;
+         * (A/B against storing every sum of the block: 32x1024x128 0.93, 1024x1024x128 0.82 of the time).
+         * int4 always (nk_samx_int4_fits); int8 from 17 rows. */
+        int fused = (rows > 16 || int4) && group.single_pass && !group.depth.tiny;
+        uint8_t *unpacked = int4 ? int4_tiles : NULL;
         for (uint64_t first_doc = 0; first_doc < d->vectors; first_doc += NK_SAMX_BLOCK_DOCS) {
             uint64_t docs = d->vectors - first_doc < NK_SAMX_BLOCK_DOCS ? d->vectors - first_doc : NK_SAMX_BLOCK_DOCS;
             uint64_t stride = nk_samx_stride(docs);
@@ -691,7 +755,7 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
                     _mm512_store_ps(tops.second[r], _mm512_set1_ps(-INFINITY));
                     _mm512_store_si512((void *)tops.dot[r], _mm512_setzero_si512());
                 }
-                nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, NULL, &tops, &prefetch);
+                nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, NULL, &tops, unpacked, &prefetch);
                 for (uint64_t r = 0; r < rows; ++r) {
                     if (inv_q[r] == 0.0) continue; /* a zero row: distance 1 whatever its cosines */
                     double block_best = nk_samx_int8_resolve(&tops, (unsigned)r, d->norms2 + first_doc, inv_q[r],
@@ -700,15 +764,12 @@ static double nk_samx_int8(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d)
                     else if (block_best > best[r]) best[r] = block_best;
                 }
                 if (!again) continue;
-                nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, u, NULL, &prefetch);
+                nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, u, NULL, unpacked, &prefetch);
             }
-            else {
+            else { /* int8 only */
                 again = rows == 32 ? ~0u : (1u << rows) - 1u;
-                if (rows > 16 && group.single_pass && !group.depth.tiny)
-                    nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, u, NULL, &prefetch);
-                else
-                    for (unsigned half = 0; 16 * half < rows; ++half)
-                        nk_samx_dots_block(&group, &ds, half, first_doc, docs, u, &prefetch);
+                for (unsigned half = 0; 16 * half < rows; ++half)
+                    nk_samx_dots_block(&group, &ds, half, first_doc, docs, u, &prefetch);
             }
             for (uint64_t r = 0; r < rows; ++r) {
                 if (inv_q[r] == 0.0 || !(again >> r & 1)) continue;
@@ -836,11 +897,19 @@ double nk_prescreen_bound_sapphireamx(void const *state, uint8_t const *document
     return bound;
 }
 
+/* Whether int4 goes through the tiles: more than one query tile (8x100x128 took 1.13x the time of
+ * avx512_integer.h's VNNI kernel), and a depth the pair form takes in one pass (64..768, padded). */
+static int nk_samx_int4_fits(nk_maxsim_view_t const *q) {
+    nk_samx_depth_t depth = nk_samx_depth_of(q->screen_depth);
+    return q->vectors > 16 && !depth.tiny && depth.steps <= NK_SAMX_CHUNK_STEPS;
+}
+
 double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     int integer = nk_dtype_is_integer((int)q->dtype);
-    if (integer && q->dtype != nk_dtype_int8_k) return nk_integer_maxsim(q, d);
+    if (integer && q->dtype != nk_dtype_int8_k && !(q->dtype == nk_dtype_int4_k && nk_samx_int4_fits(q)))
+        return nk_integer_maxsim(q, d);
     nk_samx_configure();
-    double total = integer ? nk_samx_int8(q, d) : nk_driver_maxsim(q, d);
+    double total = integer ? nk_samx_integer(q, d) : nk_driver_maxsim(q, d);
     _tile_release();
     return total;
 }
