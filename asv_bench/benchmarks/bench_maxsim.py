@@ -10,7 +10,7 @@ import numpy as np
 
 import numkong as nk
 
-DTYPES = ["float32", "bfloat16", "float16", "e4m3"]
+DTYPES = ["float32", "bfloat16", "float16", "e4m3", "int8", "int4", "uint1"]
 SHAPES = ["32x180x128", "32x1024x128", "1024x1024x128", "32x512x768"]
 FAMILIES = [c.name.lower() for c in nk.Capability if nk.get_capabilities("cpu") & c]
 

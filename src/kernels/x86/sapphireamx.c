@@ -30,6 +30,9 @@
 #define NK_SAMX_STRIDE (NK_SAMX_BLOCK_DOCS + 16u)
 #define NK_SAMX_CHUNK_STEPS 12u    /* 64-deep steps per pass over the A buffer: depth 768 in one pass */
 #define NK_SAMX_STEP_BYTES 1024u   /* one 16 x 64-byte tile */
+/* int8 / int4 blocks of at most this many documents take every cosine exactly rather than screen
+ * (time against the screen: 32x16x128 0.49, 20x8x128 0.65, 32x64x128 0.99, 32x100x128 1.05). */
+#define NK_SAMX_EXACT_DOCS 64u
 /* driver.h's group of query rows and block of documents */
 #define NK_DRIVER_ROWS NK_SAMX_ROWS
 #define NK_DRIVER_BLOCK NK_SAMX_BLOCK_DOCS
@@ -677,6 +680,31 @@ static double nk_samx_int8_row_best(int32_t const *sums, int32_t bias, float con
     return best;
 }
 
+/* inv[j] = 1 / sqrt(norms2[j]) (0 for 0) for `docs` rows, 8 at a time: nk_integer_inv_norm's bits. */
+static void nk_samx_inv_norms(uint32_t const *norms2, uint64_t docs, double *inv) {
+    for (uint64_t j = 0; j < docs; j += 8) {
+        __mmask8 lanes = docs - j >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << (docs - j)) - 1u);
+        __m512d n = _mm512_cvtepu32_pd(_mm256_maskz_loadu_epi32(lanes, norms2 + j));
+        __mmask8 nonzero = _mm512_cmp_pd_mask(n, _mm512_setzero_pd(), _CMP_NEQ_OQ);
+        _mm512_store_pd(inv + j, _mm512_maskz_div_pd(nonzero, _mm512_set1_pd(1.0), _mm512_sqrt_pd(n)));
+    }
+}
+
+/* Row r's best cosine over a block of few documents, every one exact: ((double)dot * inv_q) * inv_d
+ * from its biased sums, 8 at a time (cheaper than the screen's per-row work up to NK_SAMX_EXACT_DOCS). */
+static double nk_samx_int8_row_exact(int32_t const *sums, int32_t bias, double const *inv_d, uint64_t docs,
+                                     double inv_q) {
+    __m256i unbias = _mm256_set1_epi32(bias);
+    __m512d scale = _mm512_set1_pd(inv_q), most = _mm512_set1_pd(-2.0);
+    for (uint64_t j = 0; j < docs; j += 8) {
+        __mmask8 lanes = docs - j >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << (docs - j)) - 1u);
+        __m256i dot = _mm256_sub_epi32(_mm256_maskz_loadu_epi32(lanes, sums + j), unbias);
+        __m512d cos = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(dot), scale), _mm512_maskz_loadu_pd(lanes, inv_d + j));
+        most = _mm512_mask_max_pd(most, lanes, most, cos);
+    }
+    return _mm512_reduce_max_pd(most);
+}
+
 /* Row r's best cosine from its fused-epilogue tops (nk_samx_int8_tops_t), or NaN when some lane's
  * second largest f reaches the cut: a document other than the lanes' largest may then be the best,
  * and the caller screens the row again from all its sums. `tolerance` is nk_samx_int8_row_best's,
@@ -707,6 +735,7 @@ static double nk_samx_integer(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
     _Alignas(64) uint8_t int4_tiles[2 * NK_SAMX_CHUNK_STEPS * NK_SAMX_STEP_BYTES]; /* two document tiles */
     _Alignas(64) float weights[NK_SAMX_BLOCK_DOCS];     /* ~ 1 / sqrt(norms2) of the block's documents */
     _Alignas(64) float screened[NK_SAMX_BLOCK_DOCS];    /* one row's float32 screen */
+    _Alignas(64) double inv_d[NK_SAMX_EXACT_DOCS];      /* a block of few documents: 1 / sqrt(norms2) */
     _Alignas(64) nk_samx_group_t group;
     _Alignas(64) nk_samx_int8_tops_t tops;
     int32_t bias[NK_SAMX_ROWS];
@@ -743,13 +772,19 @@ static double nk_samx_integer(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
             uint64_t docs = d->vectors - first_doc < NK_SAMX_BLOCK_DOCS ? d->vectors - first_doc : NK_SAMX_BLOCK_DOCS;
             uint64_t stride = nk_samx_stride(docs);
             uint32_t again = 0; /* rows screened again from all their sums */
-            for (uint64_t j = 0; j < docs; j += 16) { /* a zero row's weight is 0, not rsqrt(0) = inf */
-                __mmask16 lanes = nk_x512_tail_mask(docs - j);
-                __m512i norms2 = _mm512_maskz_loadu_epi32(lanes, d->norms2 + first_doc + j);
-                __mmask16 nonzero = _mm512_test_epi32_mask(norms2, norms2);
-                _mm512_store_ps(weights + j, _mm512_maskz_rsqrt14_ps(nonzero, _mm512_cvtepu32_ps(norms2)));
+            int exact = docs <= NK_SAMX_EXACT_DOCS;
+            if (exact) {
+                if (first == 0 || d->vectors > NK_SAMX_BLOCK_DOCS) /* else the only block's, from the group before */
+                    nk_samx_inv_norms(d->norms2 + first_doc, docs, inv_d);
             }
-            if (fused) {
+            else
+                for (uint64_t j = 0; j < docs; j += 16) { /* a zero row's weight is 0, not rsqrt(0) = inf */
+                    __mmask16 lanes = nk_x512_tail_mask(docs - j);
+                    __m512i norms2 = _mm512_maskz_loadu_epi32(lanes, d->norms2 + first_doc + j);
+                    __mmask16 nonzero = _mm512_test_epi32_mask(norms2, norms2);
+                    _mm512_store_ps(weights + j, _mm512_maskz_rsqrt14_ps(nonzero, _mm512_cvtepu32_ps(norms2)));
+                }
+            if (fused && !exact) {
                 for (uint64_t r = 0; r < rows; ++r) {
                     _mm512_store_ps(tops.first[r], _mm512_set1_ps(-INFINITY));
                     _mm512_store_ps(tops.second[r], _mm512_set1_ps(-INFINITY));
@@ -766,16 +801,20 @@ static double nk_samx_integer(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
                 if (!again) continue;
                 nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, u, NULL, unpacked, &prefetch);
             }
-            else { /* int8 only */
+            else {
                 again = rows == 32 ? ~0u : (1u << rows) - 1u;
-                for (unsigned half = 0; 16 * half < rows; ++half)
-                    nk_samx_dots_block(&group, &ds, half, first_doc, docs, u, &prefetch);
+                if (fused) /* int4, or int8 from 17 rows */
+                    nk_samx_dots_block_pair(&group, &ds, first_doc, docs, NULL, u, NULL, unpacked, &prefetch);
+                else
+                    for (unsigned half = 0; 16 * half < rows; ++half)
+                        nk_samx_dots_block(&group, &ds, half, first_doc, docs, u, &prefetch);
             }
             for (uint64_t r = 0; r < rows; ++r) {
                 if (inv_q[r] == 0.0 || !(again >> r & 1)) continue;
-                double block_best = nk_samx_int8_row_best((int32_t const *)(void const *)(u + r * stride), bias[r],
-                                                          weights, docs, d->norms2 + first_doc, inv_q[r], tolerance[r],
-                                                          screened);
+                int32_t const *sums = (int32_t const *)(void const *)(u + r * stride);
+                double block_best = exact ? nk_samx_int8_row_exact(sums, bias[r], inv_d, docs, inv_q[r])
+                                          : nk_samx_int8_row_best(sums, bias[r], weights, docs, d->norms2 + first_doc,
+                                                                  inv_q[r], tolerance[r], screened);
                 if (block_best > best[r]) best[r] = block_best;
             }
         }
@@ -897,16 +936,17 @@ double nk_prescreen_bound_sapphireamx(void const *state, uint8_t const *document
     return bound;
 }
 
-/* Whether int4 goes through the tiles: more than one query tile (8x100x128 took 1.13x the time of
- * avx512_integer.h's VNNI kernel), and a depth the pair form takes in one pass (64..768, padded). */
-static int nk_samx_int4_fits(nk_maxsim_view_t const *q) {
+/* Whether int4 goes through the tiles: more than one query tile and 64 documents or more (against
+ * avx512_integer.h's VNNI kernel, 8x100x128 took 1.13x the time, 32x16x128 1.36x, 32x40x128 1.03x), and
+ * a depth the pair form takes in one pass (64..768, padded). */
+static int nk_samx_int4_fits(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     nk_samx_depth_t depth = nk_samx_depth_of(q->screen_depth);
-    return q->vectors > 16 && !depth.tiny && depth.steps <= NK_SAMX_CHUNK_STEPS;
+    return q->vectors > 16 && d->vectors >= 64 && !depth.tiny && depth.steps <= NK_SAMX_CHUNK_STEPS;
 }
 
 double nk_maxsim_sapphireamx(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     int integer = nk_dtype_is_integer((int)q->dtype);
-    if (integer && q->dtype != nk_dtype_int8_k && !(q->dtype == nk_dtype_int4_k && nk_samx_int4_fits(q)))
+    if (integer && q->dtype != nk_dtype_int8_k && !(q->dtype == nk_dtype_int4_k && nk_samx_int4_fits(q, d)))
         return nk_integer_maxsim(q, d);
     nk_samx_configure();
     double total = integer ? nk_samx_integer(q, d) : nk_driver_maxsim(q, d);
