@@ -12,8 +12,8 @@ typedef struct nk_family {
  * vector units alone, the icelake kernel (every CPU with AMX has its instructions; same bits).
  * Measured, 15-25 rounds per shape, bfloat16 (float32 and e4m3 alike): icelake is 1.15-2.5x as fast
  * at depth 32 (up to 4,096 documents) and below 8 KB of document screen (1x32x128 0.20 against
- * 0.30 us), AMX from 64 documents or 16 query rows on (32x64x128 1.16x, 32x16x768 0.98-1.09x). int8
- * keeps its tiles: they pay from 16 documents on (32x16x128 0.48 against 0.70 us). */
+ * 0.30 us), AMX from 64 documents or 16 query rows on (32x64x128 1.16x, 32x16x768 0.98-1.09x). The
+ * integer formats choose inside the family (nk_maxsim_sapphireamx). */
 static double nk_maxsim_sapphireamx_sized(nk_maxsim_view_t const *q, nk_maxsim_view_t const *d) {
     uint64_t depth = q->screen_depth;
     int tiles_pay = depth >= 64 && d->vectors >= (8192 + depth - 1) / depth && (d->vectors >= 64 || q->vectors >= 16);
