@@ -94,6 +94,21 @@ def test_a_wrong_best_document_would_fail(name):
 
 
 @pytest.mark.parametrize("name", INTEGER)
+@pytest.mark.parametrize("nq, nd, depth", [
+    (8, 63, 128), (9, 63, 128), (8, 64, 128), (16, 64, 128), (17, 63, 128), (17, 64, 128), (17, 65, 128),
+    (32, 64, 64), (33, 65, 56), (40, 130, 768), (40, 130, 776), (20, 200, 72)])
+def test_every_family_agrees_where_the_amx_paths_change(name, nq, nd, depth):
+    """Around the AMX family's choices for int8 / int4 (the VNNI kernel up to 8 query rows against fewer
+    than 64 documents, int4's tiles from 17 rows and 64 documents at padded depths 64-768, every cosine
+    exact in blocks of at most 64 documents): the same bits on every family, and the reference's score."""
+    x, y = random_matrix(nq, depth, 21), random_matrix(nd, depth, 22)
+    q, d = nk.maxsim_pack(x, name), nk.maxsim_pack(y, name)
+    scores = {cap: nk.maxsim_packed(q, d, capabilities=cap) for cap in nk.Capability if cap & nk.get_capabilities()}
+    assert len(set(scores.values())) == 1, scores
+    assert_score_close(scores[nk.Capability.SERIAL], reference(x, y, name), 1e-12, f"{name} {nq}x{nd}x{depth}")
+
+
+@pytest.mark.parametrize("name", INTEGER)
 def test_equal_and_nearly_equal_documents_in_one_block(name):
     """Documents repeated 16 rows apart (the same lane of different 16-row tiles, which the AMX int8
     epilogue keeps only the best of) and near copies of the query rows, with 32 query rows and a
