@@ -632,6 +632,11 @@ static void nk_samx_int4_query(nk_maxsim_view_t const *q, uint64_t first, uint64
     }
 }
 
+/* A candidate's exact cosine from its dot product: integer_maxsim.h's ((double)dot * inv_q) * inv_d. */
+static inline double nk_samx_int8_cosine(int32_t dot, double inv_q, uint32_t norm2) {
+    return (double)dot * inv_q * nk_integer_inv_norm(norm2);
+}
+
 /* Row r's best cosine over a block from its biased sums (`sums`, `docs` of them): a float32 screen
  * f_j = (float)dot_j * w_j with w_j within 2^-14 of 1 / sqrt(norms2_j) (vrsqrt14), then the exact
  * cosine, ((double)dot_j * inv_q) * inv_d, of every document whose f_j is within `tolerance` of the
@@ -669,7 +674,7 @@ static double nk_samx_int8_row_best(int32_t const *sums, int32_t bias, float con
 #define NK_SAMX_TAKE_HITS(T) \
     for (uint64_t bits = nk_x512_hit_bits(screened + 16 * (T), cut); bits; bits &= bits - 1) { \
         uint64_t j = 16 * (T) + nk_ctz64(bits); \
-        double cos = (double)(int32_t)((uint32_t)sums[j] - (uint32_t)bias) * inv_q * nk_integer_inv_norm(norms2_d[j]); \
+        double cos = nk_samx_int8_cosine((int32_t)((uint32_t)sums[j] - (uint32_t)bias), inv_q, norms2_d[j]); \
         if (cos > best) best = cos; \
     }
     for (t = 0; t + 4 <= tiles; t += 4)
@@ -720,7 +725,7 @@ static double nk_samx_int8_resolve(nk_samx_int8_tops_t const *tops, unsigned r, 
         int32_t bits;
         memcpy(&bits, &tops->first[r][lane], sizeof bits);
         uint64_t j = 16 * (uint64_t)(bits & NK_X512_TAG_BITS) + lane;
-        double cos = (double)tops->dot[r][lane] * inv_q * nk_integer_inv_norm(norms2_d[j]);
+        double cos = nk_samx_int8_cosine(tops->dot[r][lane], inv_q, norms2_d[j]);
         if (cos > best) best = cos;
     }
     return best;
@@ -773,17 +778,17 @@ static double nk_samx_integer(nk_maxsim_view_t const *q, nk_maxsim_view_t const 
             uint64_t stride = nk_samx_stride(docs);
             uint32_t again = 0; /* rows screened again from all their sums */
             int exact = docs <= NK_SAMX_EXACT_DOCS;
-            if (exact) {
-                if (first == 0 || d->vectors > NK_SAMX_BLOCK_DOCS) /* else the only block's, from the group before */
+            if (first == 0 || d->vectors > NK_SAMX_BLOCK_DOCS) { /* else the only block's, from the group before */
+                if (exact)
                     nk_samx_inv_norms(d->norms2 + first_doc, docs, inv_d);
+                else
+                    for (uint64_t j = 0; j < docs; j += 16) { /* a zero row's weight is 0, not rsqrt(0) = inf */
+                        __mmask16 lanes = nk_x512_tail_mask(docs - j);
+                        __m512i norms2 = _mm512_maskz_loadu_epi32(lanes, d->norms2 + first_doc + j);
+                        __mmask16 nonzero = _mm512_test_epi32_mask(norms2, norms2);
+                        _mm512_store_ps(weights + j, _mm512_maskz_rsqrt14_ps(nonzero, _mm512_cvtepu32_ps(norms2)));
+                    }
             }
-            else
-                for (uint64_t j = 0; j < docs; j += 16) { /* a zero row's weight is 0, not rsqrt(0) = inf */
-                    __mmask16 lanes = nk_x512_tail_mask(docs - j);
-                    __m512i norms2 = _mm512_maskz_loadu_epi32(lanes, d->norms2 + first_doc + j);
-                    __mmask16 nonzero = _mm512_test_epi32_mask(norms2, norms2);
-                    _mm512_store_ps(weights + j, _mm512_maskz_rsqrt14_ps(nonzero, _mm512_cvtepu32_ps(norms2)));
-                }
             if (fused && !exact) {
                 for (uint64_t r = 0; r < rows; ++r) {
                     _mm512_store_ps(tops.first[r], _mm512_set1_ps(-INFINITY));
