@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import numkong as nk
-from conftest import AVAILABLE_FAMILIES, RTOL, SANITIZED, assert_score_close, dtype_params, reference_maxsim
+from conftest import (AVAILABLE_FAMILIES, RTOL, SANITIZED, assert_score_close, dtype_params, reference_maxsim,
+                      row_scale_exponents)
 
 DEPTHS = [1, 3, 17, 129, 1000, 4100]
 # (query rows, document rows). 32 x 1, and 5 x 3 up to depth 51, are scored pair by pair without the
@@ -110,4 +111,25 @@ def test_every_family_returns_the_same_corpus_bits(name, depth, shape, kind):
     for document, score in zip(documents, pairs):
         assert_score_close(score, reference_maxsim(q, document, name), RTOL[name], f"serial {name} vs reference")
     different = {family: s for family, s in scores.items() if s != serial}
+    assert not different, f"{name}: serial gives {serial}, but {different}"
+
+
+@pytest.mark.parametrize("depth", [1, 17, 129, 1000])
+@pytest.mark.parametrize("name", ["bfloat16", "float32"])
+def test_products_beyond_float32_range_keep_the_bits(name, depth):
+    """Rows of magnitude 2^-70, 1 and 2^70 (stored unscaled in these formats): products of two of them
+    over- and underflow float32, where the AVX-512 families multiply bfloat16 pairs before widening
+    them (and redo such dot products in float64)."""
+    rng = np.random.default_rng(depth)
+    scales = np.ldexp(1.0, 70 * (np.arange(40) % 3 - 1))[:, None]
+    q = rng.standard_normal((40, depth)) * scales
+    d = rng.standard_normal((300, depth)) * np.repeat(scales, 8, axis=0)[:300]
+    d[::5] = q[np.arange(60) % 40] * 1.001  # near the query rows: winners at every magnitude
+    packed_q, packed_d = nk.maxsim_pack(q, name), nk.maxsim_pack(d, name)
+    assert not row_scale_exponents(q, name, casting=True).any()  # the magnitudes are the stored ones
+    scores = {family.name.lower(): nk.maxsim_packed(packed_q, packed_d, capabilities=family).hex()
+              for family in AVAILABLE_FAMILIES}
+    serial = scores["serial"]
+    assert_score_close(float.fromhex(serial), reference_maxsim(q, d, name), RTOL[name], f"serial {name}")
+    different = {family: score for family, score in scores.items() if score != serial}
     assert not different, f"{name}: serial gives {serial}, but {different}"

@@ -170,6 +170,81 @@ NK_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b, uin
     return nk_x512_reduce16(low, high);
 }
 
+/* ---- bfloat16 dot products from float32 products. ----
+ * A product of two bfloat16 values (8-bit significands) is exact in float32 unless it overflows or
+ * lands below float32's normal range; then the multiply raises the overflow or the underflow flag
+ * (flush-to-zero is on meanwhile, so a tiny product always raises underflow and costs no microcode
+ * assist). A batch multiplies in float32 with those flags cleared, widens and adds the products in
+ * float64 with exceptions suppressed, so only the multiplies can raise them, and redoes any 8 dot
+ * products after which a flag is up with nk_x512_dot_kernel's float64 products: same products, same
+ * lanes, same bits. The caller's MXCSR (modes and flags) is restored on return.
+ * A 32-bit word of two bfloat16 values holds the even element in its low half, so a shift and a mask
+ * give the even and the odd elements as float32 without a shuffle; the even ones of a 32-element step
+ * belong to lanes 0, 2, .., 14 of the canonical sum (twice: elements k + 2j and k + 16 + 2j), the odd
+ * ones to 1, 3, .., 15. One core, 32 in a batch: depth 128 16.4 against 21.0 ns, depth 768 88 against
+ * 117; all products tiny or huge 35.7 (every batch redone). GCC and Clang only (the MXCSR accesses are
+ * asm statements, whose order the compiler keeps); MSVC builds take the float64 products. */
+#if defined(__GNUC__)
+NK_INLINE void nk_x512_bf16_sums(void const *a, void const *b, uint64_t depth, __m512d *even, __m512d *odd) {
+    __m512d e = _mm512_setzero_pd(), o = _mm512_setzero_pd();
+    __m512i const high_half = _mm512_set1_epi32((int)0xFFFF0000u);
+    int const nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (uint64_t k = 0; k < depth; k += 32) {
+        uint64_t left = depth - k;
+        __mmask32 lanes = left >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << left) - 1u);
+        __m512i x = _mm512_maskz_loadu_epi16(lanes, (uint16_t const *)a + k);
+        __m512i y = _mm512_maskz_loadu_epi16(lanes, (uint16_t const *)b + k);
+        __m512 pe = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
+                                  _mm512_castsi512_ps(_mm512_slli_epi32(y, 16)));
+        __m512 po = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(x, high_half)),
+                                  _mm512_castsi512_ps(_mm512_and_si512(y, high_half)));
+        e = _mm512_add_round_pd(e, _mm512_cvtps_pd(_mm512_castps512_ps256(pe)), nearest);
+        o = _mm512_add_round_pd(o, _mm512_cvtps_pd(_mm512_castps512_ps256(po)), nearest);
+        if (left > 16) { /* the canonical order's next 16-element step */
+            e = _mm512_add_round_pd(e, _mm512_cvtps_pd(_mm512_extractf32x8_ps(pe, 1)), nearest);
+            o = _mm512_add_round_pd(o, _mm512_cvtps_pd(_mm512_extractf32x8_ps(po, 1)), nearest);
+        }
+    }
+    *even = e, *odd = o;
+}
+
+static void nk_x512_dot_batch_bf16(void const *const *a, void const *const *b, unsigned n, uint64_t depth,
+                                   double *out) {
+    unsigned const flags = _MM_EXCEPT_OVERFLOW | _MM_EXCEPT_UNDERFLOW;
+    unsigned caller, mode, raised;
+    /* Own asm statements: volatile ones keep their order, and the memory operands pin the loads after
+     * the flags are cleared and every product before they are read. */
+    __asm__ volatile("stmxcsr %0" : "=m"(caller));
+    mode = (caller & ~flags) | _MM_FLUSH_ZERO_ON;
+    __asm__ volatile("ldmxcsr %0" : : "m"(mode) : "memory");
+    for (unsigned c = 0; c < n; c += 8) {
+        unsigned m = n - c < 8 ? n - c : 8;
+        __m512d sums[16];
+        for (unsigned k = 0; k < m; ++k) nk_x512_bf16_sums(a[c + k], b[c + k], depth, &sums[2 * k], &sums[2 * k + 1]);
+        __asm__ volatile("stmxcsr %0" : "=m"(raised) : "m"(sums));
+        if (raised & flags) {
+            __asm__ volatile("ldmxcsr %0" : : "m"(caller) : "memory");
+            for (unsigned k = 0; k < m; ++k)
+                out[c + k] = nk_x512_dot_kernel(nk_dtype_bfloat16_k, a[c + k], nk_dtype_bfloat16_k, b[c + k], depth);
+            __asm__ volatile("ldmxcsr %0" : : "m"(mode) : "memory");
+            continue;
+        }
+        __m512i const low_lanes = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0);
+        __m512i const high_lanes = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
+        for (unsigned k = 0; k < m; ++k)
+            out[c + k] = nk_x512_reduce16(_mm512_permutex2var_pd(sums[2 * k], low_lanes, sums[2 * k + 1]),
+                                          _mm512_permutex2var_pd(sums[2 * k], high_lanes, sums[2 * k + 1]));
+    }
+    __asm__ volatile("ldmxcsr %0" : : "m"(caller) : "memory");
+}
+#else
+static void nk_x512_dot_batch_bf16(void const *const *a, void const *const *b, unsigned n, uint64_t depth,
+                                   double *out) {
+    for (unsigned k = 0; k < n; ++k)
+        out[k] = nk_x512_dot_kernel(nk_dtype_bfloat16_k, a[k], nk_dtype_bfloat16_k, b[k], depth);
+}
+#endif
+
 /* ---- Exact integer dot products of fp6 rows. ----
  * Every e2m3 value is a multiple of 2^-3 and every e3m2 value one of 2^-4, at most 60 and 448 of
  * those units: an int16. A 32-entry word table turns a code's 5-bit magnitude into that integer,
@@ -450,8 +525,7 @@ static inline void nk_x512_dot_batch(int dtype, void const *const *a, void const
         return;
         NK_X512_BATCH(nk_dtype_float64_k, nk_x512_dot_kernel(nk_dtype_float64_k, a[k], nk_dtype_float64_k, b[k], depth))
         NK_X512_BATCH(nk_dtype_float32_k, nk_x512_dot_kernel(nk_dtype_float32_k, a[k], nk_dtype_float32_k, b[k], depth))
-        NK_X512_BATCH(nk_dtype_bfloat16_k,
-                      nk_x512_dot_kernel(nk_dtype_bfloat16_k, a[k], nk_dtype_bfloat16_k, b[k], depth))
+        case nk_dtype_bfloat16_k: nk_x512_dot_batch_bf16(a, b, n, depth, out); return;
         NK_X512_BATCH(nk_dtype_float16_k, nk_x512_dot_halves(nk_dtype_float16_k, a[k], b[k], depth))
         NK_X512_BATCH(nk_dtype_e4m3_k, nk_x512_dot_e4m3(a[k], b[k], depth))
         NK_X512_BATCH(nk_dtype_e5m2_k, nk_x512_dot_halves(nk_dtype_e5m2_k, a[k], b[k], depth) *
