@@ -185,10 +185,10 @@ NK_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b, uin
  * 117; all products tiny or huge 35.7 (every batch redone). GCC and Clang only (the MXCSR accesses are
  * asm statements, whose order the compiler keeps); MSVC builds take the float64 products. */
 #if defined(__GNUC__)
+#define NK_X512_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) /* a constant expression for clang */
 NK_INLINE void nk_x512_bf16_sums(void const *a, void const *b, uint64_t depth, __m512d *even, __m512d *odd) {
     __m512d e = _mm512_setzero_pd(), o = _mm512_setzero_pd();
     __m512i const high_half = _mm512_set1_epi32((int)0xFFFF0000u);
-    int const nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     for (uint64_t k = 0; k < depth; k += 32) {
         uint64_t left = depth - k;
         __mmask32 lanes = left >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << left) - 1u);
@@ -198,11 +198,11 @@ NK_INLINE void nk_x512_bf16_sums(void const *a, void const *b, uint64_t depth, _
                                   _mm512_castsi512_ps(_mm512_slli_epi32(y, 16)));
         __m512 po = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(x, high_half)),
                                   _mm512_castsi512_ps(_mm512_and_si512(y, high_half)));
-        e = _mm512_add_round_pd(e, _mm512_cvtps_pd(_mm512_castps512_ps256(pe)), nearest);
-        o = _mm512_add_round_pd(o, _mm512_cvtps_pd(_mm512_castps512_ps256(po)), nearest);
+        e = _mm512_add_round_pd(e, _mm512_cvtps_pd(_mm512_castps512_ps256(pe)), NK_X512_NEAREST);
+        o = _mm512_add_round_pd(o, _mm512_cvtps_pd(_mm512_castps512_ps256(po)), NK_X512_NEAREST);
         if (left > 16) { /* the canonical order's next 16-element step */
-            e = _mm512_add_round_pd(e, _mm512_cvtps_pd(_mm512_extractf32x8_ps(pe, 1)), nearest);
-            o = _mm512_add_round_pd(o, _mm512_cvtps_pd(_mm512_extractf32x8_ps(po, 1)), nearest);
+            e = _mm512_add_round_pd(e, _mm512_cvtps_pd(_mm512_extractf32x8_ps(pe, 1)), NK_X512_NEAREST);
+            o = _mm512_add_round_pd(o, _mm512_cvtps_pd(_mm512_extractf32x8_ps(po, 1)), NK_X512_NEAREST);
         }
     }
     *even = e, *odd = o;

@@ -28,8 +28,6 @@
 /* ---- Exact float64 dot products of stored rows: the shared AVX-512 ones (avx512_dot.h), in the
  * canonical order every family follows. ---- */
 
-static inline __mmask16 nk_skl_mask16(uint64_t n) { return (__mmask16)((1u << n) - 1u); }
-
 /* float64 dot of two stored rows, decoded exactly as nk_decode() does. */
 static inline double nk_skl_dot(int dtype, void const *a, void const *b, uint64_t n) {
     return nk_x512_dot_stored(dtype, a, b, n);
