@@ -20,6 +20,9 @@
 NK_INLINE __mmask16 nk_x512_tail_mask(uint64_t remaining) {
     return remaining >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << remaining) - 1u);
 }
+NK_INLINE __mmask32 nk_x512_tail_mask32(uint64_t remaining) {
+    return remaining >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << remaining) - 1u);
+}
 
 /* IEEE half bit patterns of 16 one-byte minifloats: the sign is shifted to bit 15 and smeared right
  * by an arithmetic shift, which also puts exponent and mantissa in place; one AND clears the smear. */
@@ -191,7 +194,7 @@ NK_INLINE void nk_x512_bf16_sums(void const *a, void const *b, uint64_t depth, _
     __m512i const high_half = _mm512_set1_epi32((int)0xFFFF0000u);
     for (uint64_t k = 0; k < depth; k += 32) {
         uint64_t left = depth - k;
-        __mmask32 lanes = left >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << left) - 1u);
+        __mmask32 lanes = nk_x512_tail_mask32(left);
         __m512i x = _mm512_maskz_loadu_epi16(lanes, (uint16_t const *)a + k);
         __m512i y = _mm512_maskz_loadu_epi16(lanes, (uint16_t const *)b + k);
         __m512 pe = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
@@ -295,8 +298,7 @@ NK_INLINE __m512i nk_x512_fp6_chunk_sums(__m512i table, void const *a, void cons
         sum1 = _mm512_add_epi32(sum1, _mm512_madd_epi16(a1, b1));
     }
     for (; k < end; k += 32) {
-        uint64_t left = end - k;
-        __mmask32 lanes = left >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << left) - 1u), negative_a, negative_b;
+        __mmask32 lanes = nk_x512_tail_mask32(end - k), negative_a, negative_b;
         __m512i a0 = nk_x512_load32_fp6(table, a, k, lanes, &negative_a);
         __m512i b0 = nk_x512_load32_fp6(table, b, k, lanes, &negative_b);
         b0 = _mm512_mask_sub_epi16(b0, negative_a ^ negative_b, _mm512_setzero_si512(), b0);
