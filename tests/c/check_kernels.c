@@ -162,11 +162,13 @@ int main(int argc, char **argv) {
     /* Every depth x shape, plus cases that cross the kernels' internal blocking: many documents,
      * many query rows, depths that chunk the screening, and one depth beyond int8 screening.
      * 8200 chunks every integer format's depth (uint1 too: 257 words) with a short last chunk;
-     * 260 query rows cross integer_maxsim.h's query chunk of 256. */
+     * 260 query rows cross integer_maxsim.h's query chunk of 256. 96 and 100: two 64-deep AMX steps,
+     * the last one end-aligned, with the query tiles in registers (330 documents: the fused epilogue). */
     static uint64_t const extra[][3] = {{64, 3, 1100}, {64, 70, 600}, {129, 130, 33}, {4100, 3, 40}, {65536, 2, 17}, {65537, 2, 5},
                                          {64, 1, 2000}, {33, 16, 23}, {33, 16, 40}, {1, 28, 28}, {1, 31, 33},
                                          {64, 33, 1100}, {128, 17, 513}, {1100, 9, 20}, {2049, 3, 34},
-                                         {4100, 2, 17}, {4111, 3, 5}, {8200, 2, 5}, {9, 260, 21}};
+                                         {4100, 2, 17}, {4111, 3, 5}, {8200, 2, 5}, {9, 260, 21}, {96, 40, 330},
+                                         {100, 33, 200}};
     /* Quick mode: odd and round depths, partial tiles, and extras that cross document blocks,
      * query groups and depth chunks (8200: of every integer format). */
     static uint64_t const quick_depths[] = {1, 3, 16, 17, 31, 129};

@@ -596,11 +596,13 @@ static void nk_samx_screen(nk_samx_group_t *group, float const *growth, uint64_t
     int fused = 0;
     for (unsigned r = 0; r < rows; ++r) _mm512_store_ps(group->top[r], _mm512_set1_ps(-INFINITY));
     if (rows > 16 && group->single_pass && !group->depth.tiny) {
-        /* The fused epilogue from 512 documents (u over 64 KB) at depths of one or two steps. C, time
-         * against the separate epilogue: 32x1024x128 0.94-0.97, 32x2000x128 0.94-0.95, 32x1024x96 0.91,
-         * 32x1024x64 0.87; but 32x1024x256 1.03, 32x1024x512 1.05, 32x512x768 1.01-1.05, and a
-         * 180-document screen 1.17 (its u fits L1). */
-        fused = docs >= 512 && group->depth.steps <= 2;
+        /* The fused epilogue from 320 documents (u over 40 KB, most of L1) at depths of one or two
+         * steps. C, time against the separate epilogue: 32x1024x128 0.94-0.97, 32x2000x128 0.94-0.95,
+         * 32x1024x96 0.91, 32x1024x64 0.87; but 32x1024x256 1.03, 32x1024x512 1.05, 32x512x768
+         * 1.01-1.05. With the query tiles in registers (nk_samx_stationary_dots): 32x320x128 0.977,
+         * 32x400x128 0.964-0.969, 32x480x128 0.949, 32x480x64 0.936; but 32x288x128 1.011,
+         * 32x256x128 1.019, 32x180x128 1.024 (its u fits L1). */
+        fused = docs >= 320 && group->depth.steps <= 2;
         nk_samx_dots_block_pair(group, d, first_doc, docs, fused ? growth : NULL, u, NULL, NULL, prefetch);
     }
     else
