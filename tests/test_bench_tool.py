@@ -29,8 +29,10 @@ def _run_file(tmp_path, name, cpu_class, scale):
              for shape in ((1, 1, 1), (1, 1, 128)) for dtype in ("float32", "bfloat16", "float16")
              for impl, us in (("numkong", 0.1 * sum(shape)), ("numkong 9.9", 0.2))]
     path = tmp_path / name
+    peaks = {"amx_int8": 6000.0 * scale, "amx_wakeup_ns": 250.0 * scale}
     path.write_text(json.dumps({"meta": {"cpu_class": cpu_class, "anchor": {"version": "9.9"}},
-                                "results": results, "corpus": corpus, "call_costs": calls}))
+                                "results": results, "corpus": corpus, "call_costs": calls,
+                                "integers": {"peaks": peaks}}))
     return str(path)
 
 
@@ -50,6 +52,7 @@ def test_markdown_prints_medians_and_ratio_ranges(tmp_path):
     assert lines[5].startswith("| 1024 x 1024 x 128 | 3.30 |"), lines[5]
     assert "ours at most 1.0e-16, 9.9 1.0e-02 to 1.0e-02." in done.stdout
     assert "float32, by shape: 110, 110, 110, 110;" in done.stdout
+    assert "(tools/peaks.c): amx_int8 6600 G/s, amx_wakeup_ns 275 ns." in done.stdout  # medians, with units
     assert "paired, every shape and run: float32 1.00-1.00x, float16 1.00-1.00x," in done.stdout
     assert "NumPy's float32 time over ours, every shape and run: 10.0-10.0x." in done.stdout
     assert "| 1,000 x 180 tokens, all families | 2.20 ms | 4.40 ms | 20.0 ms |" in lines

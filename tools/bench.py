@@ -360,6 +360,13 @@ def instruction_peaks():
     return peaks
 
 
+def peak_label(name, value):
+    """One tools/peaks.c figure with its unit: G ops/s, or ns for the AMX unit's wake-up (`*_ns`)."""
+    if not isinstance(value, float):
+        return f"{name} {value}"
+    return f"{name} {value:.0f} {'ns' if name.endswith('_ns') else 'G/s'}"
+
+
 def dequantized(matrix, dtype):
     """The float64 values a packing in `dtype` stands for (integer formats: scale x q, or +-1)."""
     import numkong as nk
@@ -371,10 +378,9 @@ def integer_cases(rounds, target, datasets):
     peaks, and scoring a 1,000-document corpus (one thread)."""
     import numkong as nk
     peaks = instruction_peaks()
-    peak_text = ", ".join(f"{name} {value:.0f}" if isinstance(value, float) else f"{name} {value}"
-                          for name, value in peaks.items()) or "n/a (no C compiler)"
+    peak_text = ", ".join(peak_label(name, value) for name, value in peaks.items()) or "n/a (no C compiler)"
     print(f"\nInteger formats, exact (no rescoring), one thread; GSO/s = 2 x Q x D x depth / time, beside this "
-          f"core's measured peaks in G ops/s (tools/peaks.c): {peak_text}")
+          f"core's measured peaks (tools/peaks.c): {peak_text}")
     print(f"{'shape QxDxdepth':<16} {'dtype':<9} {'us':>11} {'GSO/s':>8} {'t/bf16':>7} {'paired':>7} {'rel err':>9}")
     records = {"peaks": peaks, "pairs": [], "corpus": []}
     names = ["bfloat16"] + INTEGER_DTYPES
@@ -653,7 +659,7 @@ def markdown(paths):
     peaks = {name: statistics.median(run["integers"]["peaks"][name] for run in runs)
              for name in runs[0].get("integers", {}).get("peaks", {})}
     print(f"Ours in GSO/s (2 x Q x D x depth / time), float32, by shape: {', '.join(gsops)}; the core's peaks "
-          f"(tools/peaks.c): {', '.join(f'{name} {value:.0f} G/s' for name, value in peaks.items())}.")
+          f"(tools/peaks.c): {', '.join(peak_label(name, value) for name, value in peaks.items())}.")
     spans = []
     for dtype in DTYPES:
         if dtype != "bfloat16":
