@@ -74,8 +74,9 @@ CASES = [
     for shape in SHAPES
     for kind in KINDS
 ] + [
-    # Two 64-deep screening steps (the last end-aligned) and a block of 1,024 documents: sapphireamx's
-    # epilogue fused into its tile loop (blocks of 512 documents or more, at most two steps).
+    # Two 64-deep screening steps (the last end-aligned), the query tiles held in sapphireamx's tile
+    # registers, and a block of 1,024 documents: its epilogue fused into its tile loop (blocks of 320
+    # documents or more, at most two steps); the last 76 documents take the separate epilogue.
     pytest.param(100, (37, 1100), kind, id=f"depth100-37x1100-{kind}")
     for kind in ("random", "near_tie")
 ]
