@@ -584,11 +584,11 @@ NK_INLINE void nk_x512_bf16_split(__m512i words, __m512 *even, __m512 *odd) {
     *odd = _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32((int)0xFFFF0000u)));
 }
 
-/* `a` is read as a_dtype (float32 for a query row decoded by nk_x512_decode_f32), `b` as b_dtype. */
-NK_INLINE float nk_x512_dot_f32_kernel(int a_dtype, void const *a, int b_dtype, void const *b, uint64_t depth) {
+/* The float32 dot product of two stored rows of `dtype`. */
+NK_INLINE float nk_x512_dot_f32_kernel(int dtype, void const *a, void const *b, uint64_t depth) {
     __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps(), sum2 = _mm512_setzero_ps(), sum3 = sum0;
     uint64_t k = 0;
-    if (a_dtype == nk_dtype_bfloat16_k && b_dtype == nk_dtype_bfloat16_k) {
+    if (dtype == nk_dtype_bfloat16_k) {
         /* Even and odd elements in their own sums, split with a shift and a mask rather than widened
          * (32x512x768: float32 checks are a quarter of the call); each lane still takes one product
          * per 64 elements, and at most two in the tail. */
@@ -613,35 +613,27 @@ NK_INLINE float nk_x512_dot_f32_kernel(int a_dtype, void const *a, int b_dtype, 
         return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum0, sum1), _mm512_add_ps(sum2, sum3)));
     }
     for (; k + 64 <= depth; k += 64) {
-        sum0 = _mm512_fmadd_ps(nk_x512_load16_f32(a_dtype, a, k, 0xFFFF), nk_x512_load16_f32(b_dtype, b, k, 0xFFFF), sum0);
-        sum1 = _mm512_fmadd_ps(nk_x512_load16_f32(a_dtype, a, k + 16, 0xFFFF),
-                               nk_x512_load16_f32(b_dtype, b, k + 16, 0xFFFF), sum1);
-        sum2 = _mm512_fmadd_ps(nk_x512_load16_f32(a_dtype, a, k + 32, 0xFFFF),
-                               nk_x512_load16_f32(b_dtype, b, k + 32, 0xFFFF), sum2);
-        sum3 = _mm512_fmadd_ps(nk_x512_load16_f32(a_dtype, a, k + 48, 0xFFFF),
-                               nk_x512_load16_f32(b_dtype, b, k + 48, 0xFFFF), sum3);
+        sum0 = _mm512_fmadd_ps(nk_x512_load16_f32(dtype, a, k, 0xFFFF), nk_x512_load16_f32(dtype, b, k, 0xFFFF), sum0);
+        sum1 = _mm512_fmadd_ps(nk_x512_load16_f32(dtype, a, k + 16, 0xFFFF),
+                               nk_x512_load16_f32(dtype, b, k + 16, 0xFFFF), sum1);
+        sum2 = _mm512_fmadd_ps(nk_x512_load16_f32(dtype, a, k + 32, 0xFFFF),
+                               nk_x512_load16_f32(dtype, b, k + 32, 0xFFFF), sum2);
+        sum3 = _mm512_fmadd_ps(nk_x512_load16_f32(dtype, a, k + 48, 0xFFFF),
+                               nk_x512_load16_f32(dtype, b, k + 48, 0xFFFF), sum3);
     }
     for (; k < depth; k += 16) {
         __mmask16 lanes = nk_x512_tail_mask(depth - k);
-        sum0 = _mm512_fmadd_ps(nk_x512_load16_f32(a_dtype, a, k, lanes), nk_x512_load16_f32(b_dtype, b, k, lanes), sum0);
+        sum0 = _mm512_fmadd_ps(nk_x512_load16_f32(dtype, a, k, lanes), nk_x512_load16_f32(dtype, b, k, lanes), sum0);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum0, sum1), _mm512_add_ps(sum2, sum3)));
 }
 
-/* A stored row (not float64) as float32, minifloats as their unscaled half images, padded with zeros
- * to a multiple of 16: a query row's side of its float32 checks, decoded once. */
-static inline void nk_x512_decode_f32(int dtype, void const *row, uint64_t depth, float *out) {
-    for (uint64_t k = 0; k < depth; k += 16)
-        _mm512_store_ps(out + k, nk_x512_load16_f32(dtype, row, k, nk_x512_tail_mask(depth - k)));
-}
-
 /* The cosine of two stored rows (inv_d > 0) from a float32 dot product, and in *slack how far the
- * exact cosine can be from it: +inf when nothing can be said. `a` is the query row as stored, or
- * decoded by nk_x512_decode_f32 when `a_decoded`. Two stored rows of an integer format
+ * exact cosine can be from it: +inf when nothing can be said. Two rows of an integer format
  * (nk_x512_is_integer) get the exact cosine and a slack of 0. */
-static inline double nk_x512_cosine_f32(int dtype, void const *a, int a_decoded, void const *b, uint64_t depth,
-                                        double inv_q, double inv_d, double *slack) {
-    if (!a_decoded && nk_x512_is_integer(dtype)) { /* exact, and no dearer than the float32 sum */
+static inline double nk_x512_cosine_f32(int dtype, void const *a, void const *b, uint64_t depth, double inv_q,
+                                        double inv_d, double *slack) {
+    if (nk_x512_is_integer(dtype)) { /* exact, and no dearer than the float32 sum */
         *slack = 0.0;
         return nk_x512_dot_stored(dtype, a, b, depth) * inv_q * inv_d;
     }
@@ -650,8 +642,7 @@ static inline double nk_x512_cosine_f32(int dtype, void const *a, int a_decoded,
     switch (dtype) {
 #define NK_X512_DOT_F32(format) \
     case format: \
-        sum = a_decoded ? nk_x512_dot_f32_kernel(nk_dtype_float32_k, a, format, b, depth) \
-                        : nk_x512_dot_f32_kernel(format, a, format, b, depth); \
+        sum = nk_x512_dot_f32_kernel(format, a, b, depth); \
         break;
         NK_X512_DOT_F32(nk_dtype_float32_k)
         NK_X512_DOT_F32(nk_dtype_bfloat16_k)
