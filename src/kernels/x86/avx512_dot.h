@@ -187,20 +187,23 @@ NK_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b, uin
  * ones to 1, 3, .., 15. One core, 32 in a batch: depth 128 16.4 against 21.0 ns, depth 768 88 against
  * 117; all products tiny or huge 35.7 (every batch redone). GCC and Clang only (the MXCSR accesses are
  * asm statements, whose order the compiler keeps); MSVC builds take the float64 products. */
+/* Even and odd elements of 32 bfloat16 values as float32: the low and the high half of each 32-bit word. */
+NK_INLINE void nk_x512_bf16_split(__m512i words, __m512 *even, __m512 *odd) {
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
 #if defined(__GNUC__)
 #define NK_X512_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) /* a constant expression for clang */
 NK_INLINE void nk_x512_bf16_sums(void const *a, void const *b, uint64_t depth, __m512d *even, __m512d *odd) {
     __m512d e = _mm512_setzero_pd(), o = _mm512_setzero_pd();
-    __m512i const high_half = _mm512_set1_epi32((int)0xFFFF0000u);
     for (uint64_t k = 0; k < depth; k += 32) {
         uint64_t left = depth - k;
         __mmask32 lanes = nk_x512_tail_mask32(left);
-        __m512i x = _mm512_maskz_loadu_epi16(lanes, (uint16_t const *)a + k);
-        __m512i y = _mm512_maskz_loadu_epi16(lanes, (uint16_t const *)b + k);
-        __m512 pe = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
-                                  _mm512_castsi512_ps(_mm512_slli_epi32(y, 16)));
-        __m512 po = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(x, high_half)),
-                                  _mm512_castsi512_ps(_mm512_and_si512(y, high_half)));
+        __m512 xe, xo, ye, yo;
+        nk_x512_bf16_split(_mm512_maskz_loadu_epi16(lanes, (uint16_t const *)a + k), &xe, &xo);
+        nk_x512_bf16_split(_mm512_maskz_loadu_epi16(lanes, (uint16_t const *)b + k), &ye, &yo);
+        __m512 pe = _mm512_mul_ps(xe, ye), po = _mm512_mul_ps(xo, yo);
         e = _mm512_add_round_pd(e, _mm512_cvtps_pd(_mm512_castps512_ps256(pe)), NK_X512_NEAREST);
         o = _mm512_add_round_pd(o, _mm512_cvtps_pd(_mm512_castps512_ps256(po)), NK_X512_NEAREST);
         if (left > 16) { /* the canonical order's next 16-element step */
@@ -576,12 +579,6 @@ NK_INLINE __m512 nk_x512_load16_f32(int dtype, void const *row, uint64_t k, __mm
             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, (uint16_t const *)row + k)), 16));
     default: return nk_x512_load16_half(dtype, row, k, lanes);
     }
-}
-
-/* Even and odd elements of 32 bfloat16 values as float32: the low and the high half of each 32-bit word. */
-NK_INLINE void nk_x512_bf16_split(__m512i words, __m512 *even, __m512 *odd) {
-    *even = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
-    *odd = _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32((int)0xFFFF0000u)));
 }
 
 /* The float32 dot product of two stored rows of `dtype`. */
