@@ -95,23 +95,25 @@ static double peak_amx(long iterations) {
     return best; /* the tiles stay configured for amx_wakeup_ns */
 }
 
+/* One tile multiply and the store of its result, then the clock. */
+static double amx_multiply_then_now(void) {
+    static _Alignas(64) int32_t out[256];
+    _tile_dpbusd(0, 4, 5);
+    _tile_stored(0, out, 64);
+    (void)*(int32_t volatile *)out; /* the clock is read after the stored result is read back */
+    return now();
+}
+
 /* What the first tile multiply (and the store of its result) costs after 2 us without tile
  * instructions, beyond what it costs right after another: the AMX unit idles down after about a
  * microsecond, so every call that screens with tiles meets it so, a reranking loop's calls included
  * (the rest of each call is vector work). Median of 101, in ns. Expects peak_amx's tile set-up. */
 static double amx_wakeup_ns(void) {
-    static _Alignas(64) int32_t out[256];
     double extra[101];
     for (int i = 0; i < 101; ++i) {
         double spin = now();
         while (now() - spin < 2e-6) continue;
-        double t0 = now();
-        _tile_dpbusd(0, 4, 5);
-        _tile_stored(0, out, 64);
-        double t1 = *(int32_t volatile *)out > 0 ? now() : now(); /* after the stored result is read back */
-        _tile_dpbusd(0, 4, 5);
-        _tile_stored(0, out, 64);
-        double t2 = *(int32_t volatile *)out > 0 ? now() : now();
+        double t0 = now(), t1 = amx_multiply_then_now(), t2 = amx_multiply_then_now();
         extra[i] = ((t1 - t0) - (t2 - t1)) * 1e9;
     }
     for (int i = 1; i < 101; ++i) /* insertion sort: the median */
