@@ -140,6 +140,30 @@ NK_INLINE void nk_x512_add_f16_products8(void const *a, void const *b, uint64_t 
     *sum = _mm512_add_pd(*sum, _mm512_cvtps_pd(_mm256_mul_ps(x, y)));
 }
 
+/* nk_x512_dot_halves of two pairs of float16 rows in one loop, the same operations on each: a batch's
+ * dot products as two independent chains per step (32x180x128 Ice Lake class 0.98-1.00 of the time
+ * of one dot product after the other). */
+NK_INLINE void nk_x512_dot_f16_pair(void const *a0, void const *b0, void const *a1, void const *b1, uint64_t depth,
+                                    double *out0, double *out1) {
+    __m512d low0 = _mm512_setzero_pd(), high0 = _mm512_setzero_pd(), low1 = low0, high1 = high0;
+    uint64_t k = 0;
+    for (; k + 16 <= depth; k += 16) {
+        nk_x512_add_f16_products8(a0, b0, k, 0xFF, &low0);
+        nk_x512_add_f16_products8(a1, b1, k, 0xFF, &low1);
+        nk_x512_add_f16_products8(a0, b0, k + 8, 0xFF, &high0);
+        nk_x512_add_f16_products8(a1, b1, k + 8, 0xFF, &high1);
+    }
+    if (k < depth) {
+        __mmask16 lanes = nk_x512_tail_mask(depth - k);
+        nk_x512_add_f16_products8(a0, b0, k, (__mmask8)lanes, &low0);
+        nk_x512_add_f16_products8(a1, b1, k, (__mmask8)lanes, &low1);
+        nk_x512_add_f16_products8(a0, b0, k + 8, (__mmask8)(lanes >> 8), &high0);
+        nk_x512_add_f16_products8(a1, b1, k + 8, (__mmask8)(lanes >> 8), &high1);
+    }
+    *out0 = nk_x512_reduce16(low0, high0);
+    *out1 = nk_x512_reduce16(low1, high1);
+}
+
 /* Unscaled dot product of two stored half-based rows. A product of two halves (11-bit significands)
  * is exact in float32, so each pair is multiplied there and only the product is widened. */
 NK_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b, uint64_t depth) {
@@ -531,7 +555,12 @@ static inline void nk_x512_dot_batch(int dtype, void const *const *a, void const
         NK_X512_BATCH(nk_dtype_float64_k, nk_x512_dot_kernel(nk_dtype_float64_k, a[k], nk_dtype_float64_k, b[k], depth))
         NK_X512_BATCH(nk_dtype_float32_k, nk_x512_dot_kernel(nk_dtype_float32_k, a[k], nk_dtype_float32_k, b[k], depth))
         case nk_dtype_bfloat16_k: nk_x512_dot_batch_bf16(a, b, n, depth, out); return;
-        NK_X512_BATCH(nk_dtype_float16_k, nk_x512_dot_halves(nk_dtype_float16_k, a[k], b[k], depth))
+    case nk_dtype_float16_k: {
+        unsigned k = 0;
+        for (; k + 2 <= n; k += 2) nk_x512_dot_f16_pair(a[k], b[k], a[k + 1], b[k + 1], depth, &out[k], &out[k + 1]);
+        if (k < n) out[k] = nk_x512_dot_halves(nk_dtype_float16_k, a[k], b[k], depth);
+        return;
+    }
         NK_X512_BATCH(nk_dtype_e4m3_k, nk_x512_dot_e4m3(a[k], b[k], depth))
         NK_X512_BATCH(nk_dtype_e5m2_k, nk_x512_dot_halves(nk_dtype_e5m2_k, a[k], b[k], depth) *
                                            nk_half_scale_squared(nk_dtype_e5m2_k))
