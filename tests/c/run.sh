@@ -49,3 +49,10 @@ esac
 for pid in "${pids[@]}"; do wait "$pid"; done
 "$cc" "${common[@]}" "${defines[@]}" "$here/check_kernels.c" "${objects[@]}" -lm -lpthread -o "$out/check_kernels"
 ${RUNNER:-} "$out/check_kernels" ${NK_CHECK_ARGS:-}
+# The AVX-512 families' tops readout, which the scores cannot show (check_tops.c).
+case "$("$cc" -dumpmachine)" in
+x86_64*)
+    mapfile -t flags < <(family_flags icelake)
+    "$cc" "${common[@]}" "${flags[@]}" "$here/check_tops.c" -o "$out/check_tops"
+    ${RUNNER:-} "$out/check_tops" ;;
+esac
