@@ -140,50 +140,38 @@ NK_INLINE void nk_x512_add_f16_products8(void const *a, void const *b, uint64_t 
     *sum = _mm512_add_pd(*sum, _mm512_cvtps_pd(_mm256_mul_ps(x, y)));
 }
 
-/* nk_x512_dot_halves of two pairs of float16 rows in one loop, the same operations on each: a batch's
- * dot products as two independent chains per step (32x180x128 Ice Lake class 0.98-1.00 of the time
- * of one dot product after the other). */
-NK_INLINE void nk_x512_dot_f16_pair(void const *a0, void const *b0, void const *a1, void const *b1, uint64_t depth,
-                                    double *out0, double *out1) {
-    __m512d low0 = _mm512_setzero_pd(), high0 = _mm512_setzero_pd(), low1 = low0, high1 = high0;
+/* Unscaled dot products of `rows` (1 or 2, a literal) pairs of stored float16 rows, a[j] with b[j], in
+ * one loop. A product of two halves (11-bit significands) is exact in float32, so each pair is
+ * multiplied there and only the product is widened. Each half of a step in 256-bit registers, so no
+ * product is extracted from a 512-bit one: depth 128 15.0 against 16.3 ns, 768 84 against 90 (8 in a
+ * batch). Two pairs at once give the core two independent chains per step (a batch's dot products:
+ * 32x180x128 Ice Lake class 0.98-1.00 of the time of one pair after the other). */
+NK_INLINE void nk_x512_dot_f16_rows(void const *const *a, void const *const *b, int const rows, uint64_t depth,
+                                    double *out) {
+    __m512d low[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()}, high[2] = {low[0], low[1]};
     uint64_t k = 0;
     for (; k + 16 <= depth; k += 16) {
-        nk_x512_add_f16_products8(a0, b0, k, 0xFF, &low0);
-        nk_x512_add_f16_products8(a1, b1, k, 0xFF, &low1);
-        nk_x512_add_f16_products8(a0, b0, k + 8, 0xFF, &high0);
-        nk_x512_add_f16_products8(a1, b1, k + 8, 0xFF, &high1);
+#pragma GCC unroll 2
+        for (int j = 0; j < rows; ++j) nk_x512_add_f16_products8(a[j], b[j], k, 0xFF, &low[j]);
+#pragma GCC unroll 2
+        for (int j = 0; j < rows; ++j) nk_x512_add_f16_products8(a[j], b[j], k + 8, 0xFF, &high[j]);
     }
     if (k < depth) {
         __mmask16 lanes = nk_x512_tail_mask(depth - k);
-        nk_x512_add_f16_products8(a0, b0, k, (__mmask8)lanes, &low0);
-        nk_x512_add_f16_products8(a1, b1, k, (__mmask8)lanes, &low1);
-        nk_x512_add_f16_products8(a0, b0, k + 8, (__mmask8)(lanes >> 8), &high0);
-        nk_x512_add_f16_products8(a1, b1, k + 8, (__mmask8)(lanes >> 8), &high1);
+#pragma GCC unroll 2
+        for (int j = 0; j < rows; ++j) nk_x512_add_f16_products8(a[j], b[j], k, (__mmask8)lanes, &low[j]);
+#pragma GCC unroll 2
+        for (int j = 0; j < rows; ++j) nk_x512_add_f16_products8(a[j], b[j], k + 8, (__mmask8)(lanes >> 8), &high[j]);
     }
-    *out0 = nk_x512_reduce16(low0, high0);
-    *out1 = nk_x512_reduce16(low1, high1);
+#pragma GCC unroll 2
+    for (int j = 0; j < rows; ++j) out[j] = nk_x512_reduce16(low[j], high[j]);
 }
 
-/* Unscaled dot product of two stored half-based rows. A product of two halves (11-bit significands)
- * is exact in float32, so each pair is multiplied there and only the product is widened. */
+/* Unscaled dot product of two stored minifloat rows through their half images (exact in float32, as
+ * float16's: nk_x512_dot_f16_rows); the minifloats decode 16 bytes at a time. */
 NK_INLINE double nk_x512_dot_halves(int dtype, void const *a, void const *b, uint64_t depth) {
     __m512d low = _mm512_setzero_pd(), high = _mm512_setzero_pd();
     uint64_t k = 0;
-    if (dtype == nk_dtype_float16_k) {
-        /* Each half of a step in 256-bit registers, so no product is extracted from a 512-bit one:
-         * depth 128 15.0 against 16.3 ns, 768 84 against 90 (8 in a batch); the minifloats decode 16
-         * bytes at a time, which a split would double. */
-        for (; k + 16 <= depth; k += 16) {
-            nk_x512_add_f16_products8(a, b, k, 0xFF, &low);
-            nk_x512_add_f16_products8(a, b, k + 8, 0xFF, &high);
-        }
-        if (k < depth) {
-            __mmask16 lanes = nk_x512_tail_mask(depth - k);
-            nk_x512_add_f16_products8(a, b, k, (__mmask8)lanes, &low);
-            nk_x512_add_f16_products8(a, b, k + 8, (__mmask8)(lanes >> 8), &high);
-        }
-        return nk_x512_reduce16(low, high);
-    }
     for (; k + 16 <= depth; k += 16)
         nk_x512_add_product_ps(_mm512_mul_ps(nk_x512_load16_half(dtype, a, k, 0xFFFF),
                                              nk_x512_load16_half(dtype, b, k, 0xFFFF)),
@@ -557,8 +545,8 @@ static inline void nk_x512_dot_batch(int dtype, void const *const *a, void const
         case nk_dtype_bfloat16_k: nk_x512_dot_batch_bf16(a, b, n, depth, out); return;
     case nk_dtype_float16_k: {
         unsigned k = 0;
-        for (; k + 2 <= n; k += 2) nk_x512_dot_f16_pair(a[k], b[k], a[k + 1], b[k + 1], depth, &out[k], &out[k + 1]);
-        if (k < n) out[k] = nk_x512_dot_halves(nk_dtype_float16_k, a[k], b[k], depth);
+        for (; k + 2 <= n; k += 2) nk_x512_dot_f16_rows(a + k, b + k, 2, depth, out + k);
+        if (k < n) nk_x512_dot_f16_rows(a + k, b + k, 1, depth, out + k);
         return;
     }
         NK_X512_BATCH(nk_dtype_e4m3_k, nk_x512_dot_e4m3(a[k], b[k], depth))
