@@ -2,7 +2,7 @@
  * against one row at a time in scalar code: the largest of a row's 16 tagged per-lane maxima, the
  * first lane holding it and the tile in its tag, or -1 when that names no document of the block.
  * The scores cannot show a wrong readout (a row without a top is scanned whole), so it is checked
- * here. Built with icelake's flags by tests/c/run.sh; exit code 0 when all agree. */
+ * here. Built with skylake's flags by tests/c/run.sh; exit code 0 when all agree. */
 #include <stdio.h>
 #include <string.h>
 
@@ -28,8 +28,9 @@ static int32_t reference(float const *lanes, uint64_t docs) {
 }
 
 int main(void) {
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512dq") || !__builtin_cpu_supports("avx512vl")) {
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512cd") ||
+        !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512dq") ||
+        !__builtin_cpu_supports("avx512vl")) {
         printf("tops readout: not available\n");
         return 0;
     }
